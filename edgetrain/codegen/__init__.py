@@ -1,0 +1,129 @@
+"""Fused element-wise steps -> Numba source in real module files in the cache dir -> kernels.
+
+Numba cannot cache ``exec``'d code, so each kernel is written once, atomically, to
+``<cache>/gen/fused_<hash>.py`` (the name hashes the source and library versions; the file is never
+rewritten, since a new mtime would invalidate Numba's cache) and imported from there.
+Sizes are not part of the source: the same kernel serves every shape with the same broadcast pattern.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import __version__, config
+from ..plan.fusion import Step
+from ..plan.specialize import Specialized
+
+
+@dataclass
+class FusedKernel:
+    source: str
+    input_shapes: list[tuple[int, ...]]    # collapsed shape each input is viewed with
+    output_shape: tuple[int, ...]          # collapsed iteration shape
+
+
+class _Scalar:
+    """What a scalar template sees: the compute type and the node's attributes."""
+    def __init__(self, dtype: np.dtype, attrs: dict):
+        self.T = f"np.{np.dtype(dtype).name}" if np.dtype(dtype) != np.bool_ else "np.bool_"
+        self.is_int = np.issubdtype(dtype, np.integer)
+        self._attrs = attrs
+
+    def attr(self, name, default):
+        v = self._attrs.get(name)
+        return default if v is None else v
+
+
+def collapse(out_shape: tuple[int, ...], in_shapes: list[tuple[int, ...]]):
+    """Merge adjacent dims where every input is either full on both or broadcast on both.
+
+    Returns the collapsed iteration shape and, per input, its collapsed view shape (1 where broadcast).
+    """
+    rank = len(out_shape)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in in_shapes]
+    dims = [d for d in range(rank) if out_shape[d] != 1]
+    groups: list[list[int]] = []
+    for d in dims:
+        pattern = tuple(p[d] != 1 for p in padded)
+        if groups and tuple(p[groups[-1][-1]] != 1 for p in padded) == pattern:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    shape = tuple(int(np.prod([out_shape[d] for d in g])) for g in groups) or (1,)
+    views = []
+    for p in padded:
+        views.append(tuple(int(np.prod([out_shape[d] for d in g])) if p[g[0]] != 1 else 1 for g in groups) or (1,))
+    return shape, views
+
+
+def generate(step: Step, spec: Specialized) -> FusedKernel:
+    from ..kernels.elementwise import HELPERS, SCALAR
+
+    in_shapes = [spec.types[i].shape for i in step.inputs]
+    shape, views = collapse(step.shape, in_shapes)
+    rank = len(shape)
+    idx = [f"i{d}" for d in range(rank)]
+    args = [f"a{k}" for k in range(len(step.inputs))] + [f"o{k}" for k in range(len(step.outputs))]
+    names = {v: f"x{k}" for k, v in enumerate(step.inputs)}
+    body: dict[int, list[str]] = {d: [] for d in range(rank + 1)}
+    for k, v in enumerate(views):   # load each input at the shallowest loop where its index is fixed
+        full = [d for d in range(rank) if v[d] != 1]
+        depth = full[-1] + 1 if full else 0
+        index = ", ".join(idx[d] if v[d] != 1 else "0" for d in range(rank))
+        body[depth].append(f"x{k} = a{k}[{index}]")
+    temps = []
+    for n, b in enumerate(step.nodes):
+        node, op = b.node, b.op
+        t_in = op.type_input if op.type_input < len(node.inputs) else 0
+        k = _Scalar(b.ctx.in_types[t_in].dtype, node.attrs)
+        operands = [names[i] if i else None for i in node.inputs]
+        expr = SCALAR[node.op_type](operands, k)
+        names[node.outputs[0]] = f"t{n}"
+        temps.append(f"t{n} = {expr}")
+    out_index = ", ".join(idx)
+    stores = [f"o{k}[{out_index}] = {names[o]}" for k, o in enumerate(step.outputs)]
+    lines = [f"def kernel({', '.join(args)}):", f"    {', '.join(f'n{d}' for d in range(rank))}, = o0.shape"]
+    indent = "    "
+    for d in range(rank):
+        lines += [indent + s for s in body[d]]
+        lines.append(f"{indent}for {idx[d]} in range(n{d}):")
+        indent += "    "
+    lines += [indent + s for s in body[rank] + temps + stores]
+    func = "\n".join(lines) + "\n"
+    helpers = HELPERS if "_trunc_div" in func else ""
+    source = ("import math\nimport numpy as np\nfrom numba import njit\n" + helpers
+              + "\n\n@njit(cache=True, nogil=True)\n" + func)
+    return FusedKernel(source, views, shape)
+
+
+_LOADED: dict[str, object] = {}
+
+
+def load(source: str):
+    """Write ``source`` once to the cache dir and import its ``kernel`` (cached on disk by Numba)."""
+    import numba
+
+    from ..kernels import _jit
+
+    key = hashlib.sha256(f"{__version__}|{numba.__version__}|{source}".encode()).hexdigest()[:24]
+    if key in _LOADED:
+        return _LOADED[key]
+    folder = config.cache_dir() / "gen"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"fused_{key}.py"
+    if not path.exists():
+        tmp = folder / f".fused_{key}.{os.getpid()}.tmp"
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    name = f"edgetrain_gen_fused_{key}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    _LOADED[key] = _jit.register(module.kernel)
+    return _LOADED[key]

@@ -1,0 +1,45 @@
+"""ONNX TensorProto element types <-> numpy dtypes (the numbering ORT's checkpoint also uses)."""
+import numpy as np
+
+from ..errors import UnsupportedOpError
+
+ONNX_TO_NUMPY = {
+    1: np.dtype(np.float32),
+    2: np.dtype(np.uint8),
+    3: np.dtype(np.int8),
+    4: np.dtype(np.uint16),
+    5: np.dtype(np.int16),
+    6: np.dtype(np.int32),
+    7: np.dtype(np.int64),
+    9: np.dtype(np.bool_),
+    10: np.dtype(np.float16),
+    11: np.dtype(np.float64),
+    12: np.dtype(np.uint32),
+    13: np.dtype(np.uint64),
+}
+NUMPY_TO_ONNX = {v: k for k, v in ONNX_TO_NUMPY.items()}
+
+# onnxruntime's spelling of types in NodeArg.type and in reduced-build configs
+ORT_TYPE_NAME = {
+    np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.float16): "float16",
+    np.dtype(np.int8): "int8", np.dtype(np.int16): "int16", np.dtype(np.int32): "int32",
+    np.dtype(np.int64): "int64", np.dtype(np.uint8): "uint8", np.dtype(np.uint16): "uint16",
+    np.dtype(np.uint32): "uint32", np.dtype(np.uint64): "uint64", np.dtype(np.bool_): "bool",
+}
+
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+INTS = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def to_numpy(onnx_type: int, where: str) -> np.dtype:
+    """numpy dtype of ONNX element type ``onnx_type``; ``where`` names the tensor for the error."""
+    try:
+        return ONNX_TO_NUMPY[onnx_type]
+    except KeyError:
+        raise UnsupportedOpError(
+            f"{where}: ONNX element type {onnx_type} is not supported; supported: "
+            + ", ".join(ORT_TYPE_NAME[d] for d in ONNX_TO_NUMPY.values())) from None
+
+
+def to_onnx(dtype) -> int:
+    return NUMPY_TO_ONNX[np.dtype(dtype)]

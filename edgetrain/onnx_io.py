@@ -1,0 +1,142 @@
+"""ModelProto <-> IR. The only module that imports ``onnx``."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+from .errors import ModelLoadError, UnsupportedOpError
+from .ir import Graph, Node, TensorType, Value
+from .ir.dtypes import to_numpy, to_onnx
+
+SUPPORTED_ONNX_OPSETS = range(13, 22)
+MS_DOMAIN = "com.microsoft"
+
+
+def load_model(model) -> onnx.ModelProto:
+    """A ModelProto from a path, bytes or a ModelProto, with external data checked and loaded."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        return _parse(bytes(model), "<bytes>")
+    path = Path(os.fspath(model))
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ModelLoadError(f"cannot read model file '{path}': {e.strerror}") from None
+    proto = _parse(data, str(path))
+    _load_external_data(proto, path.parent.resolve(), str(path))
+    return proto
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    if not data:
+        raise ModelLoadError(f"model file '{where}' is empty")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception as e:  # protobuf raises DecodeError, or RuntimeWarning-like errors on truncation
+        raise ModelLoadError(f"model file '{where}' is not a valid ONNX model (truncated or corrupt): {e}") from None
+    if not proto.HasField("graph") or not proto.opset_import:
+        raise ModelLoadError(f"model file '{where}' is not a valid ONNX model: it has no graph or no opset import")
+    return proto
+
+
+def _load_external_data(proto: onnx.ModelProto, folder: Path, where: str):
+    tensors = [t for t in _all_tensors(proto.graph) if uses_external_data(t)]
+    for t in tensors:
+        location = next((e.value for e in t.external_data if e.key == "location"), "")
+        target = (folder / location).resolve()
+        if not location or os.path.isabs(location) or not target.is_relative_to(folder):
+            raise ModelLoadError(f"model '{where}': external data of tensor '{t.name}' points to '{location}', "
+                                 f"outside the model's folder '{folder}'; refusing to read it")
+        if not target.is_file():
+            raise ModelLoadError(f"model '{where}': external data file '{location}' of tensor '{t.name}' is missing")
+    if tensors:
+        try:
+            load_external_data_for_model(proto, str(folder))
+        except Exception as e:
+            raise ModelLoadError(f"model '{where}': cannot load external data: {e}") from None
+
+
+def _all_tensors(graph):
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t
+
+
+def _tensor_type(vi, where: str) -> TensorType:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        raise UnsupportedOpError(f"{where} '{vi.name}' is not a tensor (sequences and maps are not supported)")
+    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+    return TensorType(to_numpy(tt.elem_type, f"{where} '{vi.name}'"), dims)
+
+
+def _attr_value(a: onnx.AttributeProto):
+    kind = a.type
+    if kind == onnx.AttributeProto.TENSOR:
+        return numpy_helper.to_array(a.t)
+    if kind == onnx.AttributeProto.STRING:
+        return a.s.decode("utf-8")
+    if kind == onnx.AttributeProto.STRINGS:
+        return tuple(s.decode("utf-8") for s in a.strings)
+    value = onnx.helper.get_attribute_value(a)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def to_graph(model) -> Graph:
+    """Import an ONNX model (path, bytes or ModelProto) into a verified IR Graph."""
+    proto = load_model(model)
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
+    onnx_opset = opsets.get("")
+    if onnx_opset is not None and onnx_opset not in SUPPORTED_ONNX_OPSETS:
+        raise UnsupportedOpError(f"model imports ai.onnx opset {onnx_opset}; supported opsets are "
+                                 f"{SUPPORTED_ONNX_OPSETS.start}-{SUPPORTED_ONNX_OPSETS.stop - 1} "
+                                 "(convert it with onnx.version_converter)")
+    g = proto.graph
+    initializers = {}
+    for t in g.initializer:
+        to_numpy(t.data_type, f"initializer '{t.name}'")
+        initializers[t.name] = numpy_helper.to_array(t)
+    inputs = [Value(vi.name, _tensor_type(vi, "graph input")) for vi in g.input if vi.name not in initializers]
+    outputs = [Value(vi.name, _tensor_type(vi, "graph output")) for vi in g.output]
+    nodes = []
+    for i, n in enumerate(g.node):
+        node = Node(n.op_type, list(n.input), list(n.output), {a.name: _attr_value(a) for a in n.attribute},
+                    n.name or f"{n.op_type}_{i}", n.domain if n.domain != "ai.onnx" else "")
+        nodes.append(node)
+    value_types = {}
+    for vi in g.value_info:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in _KNOWN_ELEM_TYPES:
+            value_types[vi.name] = _tensor_type(vi, "value")
+    graph = Graph(nodes, inputs, outputs, initializers, opsets, value_types, g.name or "graph")
+    return graph.verify()
+
+
+_KNOWN_ELEM_TYPES = {1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13}
+
+
+def _value_info(v: Value) -> onnx.ValueInfoProto:
+    dims = [d if d is not None else None for d in v.type.shape]
+    return onnx.helper.make_tensor_value_info(v.name, to_onnx(v.type.dtype), dims)
+
+
+def from_graph(graph: Graph, producer: str = "edgetrain", ir_version: int = 8) -> onnx.ModelProto:
+    """Export an IR Graph as a ModelProto (attributes, initializers and opset imports kept)."""
+    nodes = []
+    for n in graph.nodes:
+        attrs = {k: (numpy_helper.from_array(np.asarray(v)) if isinstance(v, np.ndarray) else v)
+                 for k, v in n.attrs.items()}
+        nodes.append(onnx.helper.make_node(n.op_type, n.inputs, n.outputs, name=n.name, domain=n.domain, **attrs))
+    inits = [numpy_helper.from_array(np.asarray(a), name) for name, a in graph.initializers.items()]
+    g = onnx.helper.make_graph(nodes, graph.name, [_value_info(v) for v in graph.inputs],
+                               [_value_info(v) for v in graph.outputs], inits)
+    opsets = [onnx.helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]
+    return onnx.helper.make_model(g, opset_imports=opsets, producer_name=producer, ir_version=ir_version)

@@ -1,0 +1,143 @@
+"""What an op definition is, and the context its shape rule and kernel launcher receive.
+
+An ``OpDef`` is pure data: a shape/dtype rule, how the runtime executes the op (``kind``), and which
+kernel launcher in ``edgetrain.kernels`` does it. Nothing here imports Numba, so the op table can be
+read by the planner and by the minimal build without compiling anything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..ir import Node, TensorType
+from ..ir.dtypes import FLOATS
+
+REQUIRED = object()
+
+ALL_NUMERIC = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
+ANY = ALL_NUMERIC + tuple(np.dtype(t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.uint16,
+                                                 np.uint32, np.uint64, np.float16))
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One op: its shape rule and how it runs.
+
+    kind
+        ``"elementwise"``: runs inside generated fused loops from the scalar template
+        ``edgetrain.kernels.elementwise.SCALAR[op_type]``; ``fold`` is its numpy form.
+        ``"alias"``: output 0 is a view of input 0 with another shape (no kernel, no copy).
+        ``"kernel"``: ``edgetrain.kernels.<family>.<name>`` (``kernel = "family.name"``) builds a step.
+        ``"lowered"``: rewritten by ``plan.lower`` into other ops before fusion.
+        ``"fold"``: always computed when planning (Constant, Shape, Size, ...); never runs as a step.
+    since
+        the since-version of the ONNX definition edgetrain implements (reduced-build configs name it).
+    dtypes
+        element types accepted for input ``type_input`` (the op's type constraint ``T``).
+    fold
+        numpy evaluation ``fold(ctx, *arrays) -> array | list`` used to fold constant subgraphs; kernel ops
+        without one fold by running their launcher on fresh arrays.
+    """
+    op_type: str
+    infer: Callable[["NodeContext"], list[TensorType]]
+    domain: str = ""
+    since: int = 13
+    kind: str = "kernel"
+    kernel: str = ""
+    fold: Callable | None = None
+    workspace: Callable | None = None  # (ctx) -> [TensorType]: scratch the kernel needs, planned in the arena
+    dtypes: tuple = FLOATS
+    type_input: int | None = 0   # the input whose element type ``dtypes`` constrains (None: no input)
+    doc: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.domain, self.op_type)
+
+
+@dataclass
+class NodeContext:
+    """A node with the static types (and, where known, constant values) of its inputs and outputs."""
+    node: Node
+    opset: int
+    in_types: list[TensorType | None]
+    consts: list[np.ndarray | None]
+    out_types: list[TensorType | None] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return str(self.node)
+
+    def error(self, msg: str) -> ShapeError:
+        shapes = ", ".join(str(t) if t is not None else "-" for t in self.in_types)
+        return ShapeError(f"{self.node} (opset {self.opset}): {msg}; input types: {shapes}")
+
+    def attr(self, name: str, default=REQUIRED):
+        value = self.node.attrs.get(name)
+        if value is None:
+            if default is REQUIRED:
+                raise self.error(f"required attribute '{name}' is missing")
+            return default
+        return value
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.node.inputs) and self.node.inputs[i] != ""
+
+    def type(self, i: int) -> TensorType:
+        if not self.has_input(i):
+            raise self.error(f"input {i} is required")
+        return self.in_types[i]
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        return self.type(i).shape
+
+    def const(self, i: int, what: str, default=REQUIRED) -> np.ndarray | None:
+        """The constant value of input ``i``; shape-defining inputs must be known when planning."""
+        if not self.has_input(i):
+            if default is REQUIRED:
+                raise self.error(f"input {i} ('{what}') is required")
+            return default
+        value = self.consts[i]
+        if value is None:
+            raise self.error(f"input {i} ('{what}', tensor '{self.node.inputs[i]}') must be a constant "
+                             "or computable from shapes when planning")
+        return value
+
+    def axes(self, i: int, attr: str = "axes") -> tuple[int, ...] | None:
+        """Axes given by attribute (older opsets) or by input ``i`` (newer opsets); None if absent."""
+        if attr in self.node.attrs:
+            return tuple(int(a) for a in self.node.attrs[attr])
+        if self.has_input(i):
+            return tuple(int(a) for a in self.const(i, attr).reshape(-1))
+        return None
+
+    def out(self, i: int) -> TensorType:
+        return self.out_types[i]
+
+
+def normalize_axis(ctx: NodeContext, axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ctx.error(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def broadcast_shapes(ctx: NodeContext, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy/ONNX multidirectional broadcasting, with an error naming the node."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for d in range(rank):
+        sizes = {s[d - rank + len(s)] for s in shapes if d - rank + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            raise ctx.error("input shapes " + " and ".join(str(tuple(s)) for s in shapes) + " do not broadcast")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def same_as_input(i: int = 0):
+    """Shape rule: every output has the type of input ``i``."""
+    def infer(ctx: NodeContext):
+        return [ctx.type(i)] * max(1, len([o for o in ctx.node.outputs]))
+    return infer

@@ -1,0 +1,86 @@
+"""Planning: IR graph + concrete input shapes -> Plan (steps, buffers, offsets). Pure: no Numba.
+
+    specialize -> lower -> fuse -> plan_memory
+
+Each stage can be switched off for bisecting a wrong answer: ``EDGETRAIN_NO_FUSION=1`` gives one step per
+node, ``EDGETRAIN_NO_PLANNER=1`` gives every buffer its own bytes.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import config
+from ..errors import MemoryBudgetError
+from ..ir import Graph, TensorType
+from .fusion import Step, fuse
+from .lower import lower
+from .memory import Buffer, MemoryPlan, plan_memory
+from .specialize import Specialized, specialize
+
+
+@dataclass
+class Plan:
+    spec: Specialized
+    steps: list[Step]
+    memory: MemoryPlan
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.memory.arena_bytes
+
+    @property
+    def naive_bytes(self) -> int:
+        return self.memory.naive_bytes
+
+    @property
+    def buffers(self) -> list[Buffer]:
+        return self.memory.buffers
+
+    @property
+    def n_kernels(self) -> int:
+        return sum(1 for s in self.steps if s.kind != "alias")
+
+    @property
+    def n_ops(self) -> int:
+        return sum(len(s.nodes) for s in self.steps)
+
+    def summary(self) -> str:
+        return (f"arena {_mb(self.arena_bytes)} (naive {_mb(self.naive_bytes)}), "
+                f"{self.n_kernels} kernels ({self.n_ops} ops), "
+                f"constants {_mb(sum(np.asarray(c).nbytes for c in self.spec.consts.values()))}")
+
+    def describe(self) -> str:
+        """One line per step: what runs, what it reads and writes."""
+        lines = [self.summary()]
+        for s, step in enumerate(self.steps):
+            lines.append(f"{s:4d} {step.label:40s} {', '.join(i for i in step.inputs if i)} -> "
+                         f"{', '.join(o for o in step.outputs if o)}")
+        return "\n".join(lines)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 10_000 else f"{n} B"
+
+
+def make_plan(graph: Graph, input_types: dict[str, TensorType], output_names: list[str],
+              consts: dict[str, np.ndarray] | None = None, max_memory: int | None = None) -> Plan:
+    spec = lower(specialize(graph, input_types, output_names, consts))
+    steps = fuse(spec, enabled=config.fusion_enabled())
+    workspaces = {s: step.nodes[0].op.workspace(step.nodes[0].ctx) for s, step in enumerate(steps)
+                  if step.kind == "kernel" and step.nodes[0].op.workspace is not None}
+    memory = plan_memory(spec, steps, workspaces, reuse=config.planner_enabled())
+    plan = Plan(spec, steps, memory)
+    if max_memory is not None and plan.arena_bytes > max_memory:
+        biggest = sorted(memory.buffers, key=lambda b: -b.nbytes)[:5]
+        raise MemoryBudgetError(
+            f"graph '{graph.name}' needs an arena of {plan.arena_bytes} bytes, over the budget of {max_memory} "
+            "bytes; largest tensors: " + ", ".join(f"'{b.name}' {b.nbytes} B" for b in biggest))
+    if config.debug():
+        print(f"edgetrain: {graph.name}: {plan.summary()}", file=sys.stderr)
+    return plan
+
+
+__all__ = ["Plan", "Step", "make_plan", "specialize"]

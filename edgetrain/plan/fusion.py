@@ -1,0 +1,81 @@
+"""Stage 3: group the schedule into steps; chains of element-wise nodes of one shape become one step.
+
+A group stays open while only its own members read its values; the first outside reader seals it,
+and a sealed group runs before that reader. So a group never delays a value somebody else needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import TensorType
+from .specialize import Bound, Specialized
+
+
+@dataclass(eq=False)
+class Step:
+    """One unit of execution: a kernel call, a fused element-wise loop, or a view (alias, no work)."""
+    kind: str                      # "kernel" | "fused" | "alias"
+    nodes: list[Bound]
+    inputs: list[str] = field(default_factory=list)    # values read from outside the step ("" = absent)
+    outputs: list[str] = field(default_factory=list)   # values written (or, for alias, the view)
+    shape: tuple[int, ...] = ()                        # iteration shape of a fused step
+
+    @property
+    def label(self) -> str:
+        ops = "+".join(b.node.op_type for b in self.nodes)
+        return f"{self.kind}:{ops}"
+
+
+def fuse(spec: Specialized, enabled: bool = True) -> list[Step]:
+    steps: list[Step] = []
+    open_groups: list[Step] = []
+    produced_by: dict[str, Step] = {}
+    readers: dict[str, int] = {}
+    for b in spec.nodes:
+        for i in b.node.inputs:
+            if i:
+                readers[i] = readers.get(i, 0) + 1
+    graph_outputs = set(spec.output_names)
+
+    def seal(group: Step):
+        open_groups.remove(group)
+        members = {o for n in group.nodes for o in n.node.outputs}
+        inside_reads: dict[str, int] = {}
+        ext_inputs: list[str] = []
+        for n in group.nodes:
+            for i in n.node.inputs:
+                if i in members:
+                    inside_reads[i] = inside_reads.get(i, 0) + 1
+                elif i and i not in ext_inputs:
+                    ext_inputs.append(i)
+        group.inputs = ext_inputs
+        group.outputs = [o for n in group.nodes for o in n.node.outputs
+                         if o and (o in graph_outputs or readers.get(o, 0) > inside_reads.get(o, 0))]
+        steps.append(group)
+
+    for b in spec.nodes:
+        node = b.node
+        sources = [produced_by[i] for i in node.inputs if i in produced_by and produced_by[i] in open_groups]
+        target = None
+        if enabled and b.op.kind == "elementwise":
+            out_shape = b.ctx.out_types[0].shape
+            target = next((g for g in sources if g.shape == out_shape), None)
+        for g in dict.fromkeys(sources):
+            if g is not target:
+                seal(g)
+        if b.op.kind == "elementwise":
+            if target is None:
+                target = Step("fused", [], shape=b.ctx.out_types[0].shape)
+                open_groups.append(target)
+            target.nodes.append(b)
+            for o in node.outputs:
+                produced_by[o] = target
+        else:
+            steps.append(Step(b.op.kind, [b], list(node.inputs), list(node.outputs)))
+    for g in list(open_groups):
+        seal(g)
+    return steps
+
+
+def step_types(spec: Specialized, names: list[str]) -> list[TensorType | None]:
+    return [spec.types[n] if n else None for n in names]

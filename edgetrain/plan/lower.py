@@ -1,0 +1,95 @@
+"""Stage 2: rewrite compound ops into a core op plus element-wise epilogues the fuser can merge.
+
+- ``Gemm(A, B, C)`` -> ``FusedMatMul(A, B)`` then ``Add(acc, beta * C)``
+- ``Conv(X, W, B)`` -> ``Conv(X, W)`` then ``Add(acc, B viewed as [M, 1, ...])``
+- ``Dropout`` in inference mode (or with ratio 0) -> a view of its input, with an all-true mask
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Node, TensorType
+from ..ops import OP_TABLE, NodeContext
+from .specialize import Bound, Specialized, fold
+
+
+class _Emitter:
+    def __init__(self, spec: Specialized):
+        self.spec = spec
+        self.nodes: list[Bound] = []
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        self.spec.consts[name] = value
+        self.spec.types[name] = TensorType(value.dtype, value.shape)
+        return name
+
+    def emit(self, src: Node, op_type: str, inputs: list[str], outputs: list[str], out_types: list[TensorType],
+             attrs=None, domain: str = "", opset: int = 1):
+        op = OP_TABLE[(domain, op_type)]
+        node = Node(op_type, inputs, outputs, attrs or {}, f"{src.name}/{op_type}", domain)
+        in_types = [self.spec.types[i] if i else None for i in inputs]
+        ctx = NodeContext(node, opset, in_types, [self.spec.consts.get(i) if i else None for i in inputs],
+                          list(out_types))
+        if all(c is not None for i, c in enumerate(ctx.consts) if i < len(inputs) and inputs[i]):
+            for name, value in zip(outputs, fold(op, ctx)):
+                self.const(name, value)
+            return
+        for name, t in zip(outputs, out_types):
+            self.spec.types[name] = t
+        self.nodes.append(Bound(op, ctx))
+
+
+def _gemm(e: _Emitter, b: Bound) -> bool:
+    ctx, node = b.ctx, b.node
+    y = node.outputs[0]
+    acc = y if not ctx.has_input(2) else f"{y}/acc"
+    attrs = {"transA": ctx.attr("transA", 0), "transB": ctx.attr("transB", 0), "alpha": ctx.attr("alpha", 1.0)}
+    e.emit(node, "FusedMatMul", node.inputs[:2], [acc], [ctx.out(0)], attrs, "com.microsoft")
+    if ctx.has_input(2):
+        c = node.inputs[2]
+        beta = float(ctx.attr("beta", 1.0))
+        if beta != 1.0:
+            beta_name = e.const(f"{y}/beta", np.array(beta, ctx.type(2).dtype))
+            e.emit(node, "Mul", [c, beta_name], [f"{y}/beta_c"], [ctx.type(2)])
+            c = f"{y}/beta_c"
+        e.emit(node, "Add", [acc, c], [y], [ctx.out(0)], opset=14)
+    return True
+
+
+def _conv(e: _Emitter, b: Bound) -> bool:
+    ctx, node = b.ctx, b.node
+    if not ctx.has_input(2):
+        return False
+    y = node.outputs[0]
+    out = ctx.out(0)
+    e.emit(node, "Conv", node.inputs[:2], [f"{y}/acc"], [out], dict(node.attrs), opset=ctx.opset)
+    bias_shape = (out.shape[1],) + (1,) * (len(out.shape) - 2)
+    shape = e.const(f"{y}/bias_shape", np.array(bias_shape, np.int64))
+    e.emit(node, "Reshape", [node.inputs[2], shape], [f"{y}/bias"], [TensorType(ctx.type(2).dtype, bias_shape)])
+    e.emit(node, "Add", [f"{y}/acc", f"{y}/bias"], [y], [out], opset=14)
+    return True
+
+
+def _dropout(e: _Emitter, b: Bound) -> bool:
+    ctx, node = b.ctx, b.node
+    training = bool(ctx.const(2, "training_mode", np.array(False)).reshape(()))
+    ratio = float(ctx.const(1, "ratio", np.array(0.5)).reshape(())) if ctx.has_input(1) else 0.5
+    if training and ratio != 0.0:
+        return False
+    e.emit(node, "Identity", [node.inputs[0]], [node.outputs[0]], [ctx.out(0)])
+    if len(node.outputs) > 1 and node.outputs[1]:
+        e.const(node.outputs[1], np.ones(ctx.out(1).shape, np.bool_))
+    return True
+
+
+RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "Dropout"): _dropout}
+
+
+def lower(spec: Specialized) -> Specialized:
+    e = _Emitter(spec)
+    for b in spec.nodes:
+        rule = RULES.get(b.op.key)
+        if rule is None or not rule(e, b):
+            e.nodes.append(b)
+    spec.nodes = e.nodes
+    return spec

@@ -1,0 +1,136 @@
+"""Stage 1 of planning: bind input shapes, run every shape rule, fold constants, prune dead nodes.
+
+The result holds only static shapes; everything computable from shapes and constants (the shape
+arithmetic exporters emit around Reshape, Transpose of weights in an inference model, ...) is folded.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import EdgetrainError, UnsupportedOpError
+from ..ir import Graph, TensorType
+from ..ir.dtypes import ORT_TYPE_NAME
+from ..ops import NodeContext, OpDef, lookup
+
+
+@dataclass
+class Bound:
+    """A node with its op definition and static types."""
+    op: OpDef
+    ctx: NodeContext
+
+    @property
+    def node(self):
+        return self.ctx.node
+
+
+@dataclass
+class Specialized:
+    nodes: list[Bound]
+    input_names: list[str]
+    output_names: list[str]
+    types: dict[str, TensorType]
+    consts: dict[str, np.ndarray]
+
+
+ALWAYS_FOLD = {("", "Shape"), ("", "Size"), ("", "Constant")}
+
+
+def specialize(graph: Graph, input_types: dict[str, TensorType], output_names: list[str],
+               consts: dict[str, np.ndarray] | None = None) -> Specialized:
+    """Static types for every value of ``graph`` given concrete ``input_types``.
+
+    ``consts`` are values known when planning (an inference model's initializers); names in
+    ``input_types`` override initializers of the same name.
+    """
+    known = dict(graph.initializers if consts is None else consts)
+    for name in input_types:
+        known.pop(name, None)
+    types = {name: TensorType(a.dtype, a.shape) for name, a in known.items()}
+    types.update(input_types)
+    kept: list[Bound] = []
+    for node in graph.nodes:
+        opset = graph.opset(node.domain)
+        op = lookup(node, opset)
+        in_types = [types[i] if i else None for i in node.inputs]
+        ctx = NodeContext(node, opset, in_types, [known.get(i) if i else None for i in node.inputs])
+        _check_dtype(op, ctx)
+        out_types = list(op.infer(ctx))
+        out_types += [None] * (len(node.outputs) - len(out_types))
+        ctx.out_types = out_types
+        for name, t in zip(node.outputs, out_types):
+            if name:
+                if t is None:
+                    raise ctx.error(f"output '{name}' has no shape rule")
+                types[name] = t
+        if _foldable(op, ctx):
+            for name, value in zip(node.outputs, fold(op, ctx)):
+                if name:
+                    known[name] = value
+        else:
+            kept.append(Bound(op, ctx))
+    for name in output_names:
+        if name not in types:
+            raise EdgetrainError(f"graph '{graph.name}' has no value named '{name}' to output")
+    return Specialized(_prune(kept, output_names), list(input_types), list(output_names), types,
+                       {k: v for k, v in known.items()})
+
+
+def _check_dtype(op: OpDef, ctx: NodeContext):
+    i = op.type_input
+    if i is not None and i < len(ctx.in_types) and ctx.in_types[i] is not None and ctx.in_types[i].dtype not in op.dtypes:
+        got = ORT_TYPE_NAME.get(ctx.in_types[i].dtype, str(ctx.in_types[i].dtype))
+        raise UnsupportedOpError(f"{ctx.node}: element type '{got}' of input {i} is not supported by "
+                                 f"{op.op_type}; supported: {', '.join(ORT_TYPE_NAME[d] for d in op.dtypes)}")
+
+
+def _foldable(op: OpDef, ctx: NodeContext) -> bool:
+    if op.key in ALWAYS_FOLD:
+        return True
+    present = [c for i, c in enumerate(ctx.consts) if ctx.has_input(i)]
+    return bool(present) and all(c is not None for c in present)
+
+
+def fold(op: OpDef, ctx: NodeContext) -> list[np.ndarray]:
+    """Evaluate a node whose inputs are all known, with its numpy form or its kernel."""
+    args = [c if ctx.has_input(i) else None for i, c in enumerate(ctx.consts)]
+    if op.kind == "alias":
+        results = [args[0].reshape(ctx.out_types[0].shape)]
+    elif op.fold is not None:
+        results = op.fold(ctx, *args)
+        results = list(results) if isinstance(results, (list, tuple)) else [results]
+    else:
+        results = _run_kernel(op, ctx, args)
+    values = []
+    for name, t, r in zip(ctx.node.outputs, ctx.out_types, results):
+        if not name:
+            values.append(None)
+            continue
+        r = np.ascontiguousarray(np.asarray(r).astype(t.dtype, copy=False))
+        if r.shape != t.shape:
+            raise ctx.error(f"folding produced shape {r.shape} for output '{name}', the shape rule says {t.shape}")
+        values.append(r)
+    return values
+
+
+def _run_kernel(op: OpDef, ctx: NodeContext, args):
+    family, name = op.kernel.split(".")
+    launcher = getattr(importlib.import_module(f"edgetrain.kernels.{family}"), name)
+    outs = [np.empty(t.shape, t.dtype) if t is not None and n else None
+            for n, t in zip(ctx.node.outputs, ctx.out_types)]
+    scratch = [np.empty(t.shape, t.dtype) for t in (op.workspace(ctx) if op.workspace else [])]
+    launcher(ctx)(*args, *outs, *scratch)
+    return outs
+
+
+def _prune(nodes: list[Bound], output_names: list[str]) -> list[Bound]:
+    needed = set(output_names)
+    kept = []
+    for b in reversed(nodes):
+        if any(o in needed for o in b.node.outputs if o):
+            kept.append(b)
+            needed.update(i for i in b.node.inputs if i)
+    return kept[::-1]

@@ -1,0 +1,3 @@
+from .program import Program
+
+__all__ = ["Program"]

@@ -1,0 +1,66 @@
+"""A Program: one plan bound to one arena, its kernels and a flat list of calls.
+
+``run`` copies the feeds into their arena slots and makes one call per step; it allocates nothing.
+Outputs are views into the arena (or constants), valid until the next run.
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from .. import codegen, config
+from ..plan import Plan
+from .threads import limit_blas_threads
+
+
+def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
+    raw = np.empty(nbytes + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + nbytes]
+
+
+def launcher(kernel: str):
+    family, name = kernel.split(".")
+    return getattr(importlib.import_module(f"edgetrain.kernels.{family}"), name)
+
+
+class Program:
+    def __init__(self, plan: Plan):
+        limit_blas_threads(config.num_threads())
+        self.plan = plan
+        spec, mem = plan.spec, plan.memory
+        self.arena = aligned_empty(plan.arena_bytes)
+        self.values: dict[str, np.ndarray] = {
+            name: np.ascontiguousarray(c) for name, c in spec.consts.items()}
+        for name, b in mem.value_buffer.items():
+            self.values[name] = self._view(mem.buffers[b].offset, spec.types[name])
+        self.calls: list[tuple] = []
+        for s, step in enumerate(plan.steps):
+            if step.kind == "alias":
+                continue
+            if step.kind == "fused":
+                k = codegen.generate(step, spec)
+                fn = codegen.load(k.source)
+                args = [self.values[i].reshape(v) for i, v in zip(step.inputs, k.input_shapes)]
+                args += [self.values[o].reshape(k.output_shape) for o in step.outputs]
+            else:
+                b = step.nodes[0]
+                fn = launcher(b.op.kernel)(b.ctx)
+                ws = [self._view(mem.buffers[w].offset, t) for w, t in zip(
+                    mem.workspaces.get(s, []), b.op.workspace(b.ctx) if b.op.workspace else [])]
+                args = [self.values[i] if i else None for i in step.inputs]
+                args += [self.values[o] if o else None for o in step.outputs] + ws
+            self.calls.append((fn, tuple(args)))
+        self.input_slots = [self.values[name] for name in spec.input_names]
+        self.outputs = [self.values[name] for name in spec.output_names]
+
+    def _view(self, offset: int, t) -> np.ndarray:
+        return self.arena[offset:offset + t.nbytes].view(t.dtype).reshape(t.shape)
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        for slot, x in zip(self.input_slots, inputs):
+            np.copyto(slot, x)
+        for fn, args in self.calls:
+            fn(*args)
+        return self.outputs

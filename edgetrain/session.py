@@ -1,0 +1,101 @@
+"""``edgetrain.InferenceSession``: onnxruntime's inference surface over planned programs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+from .ir import Graph, TensorType, Value
+from .ir.dtypes import ORT_TYPE_NAME
+from .plan import make_plan
+from .runtime import Program
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """What ``get_inputs()`` / ``get_outputs()`` return, as in onnxruntime."""
+    name: str
+    shape: list
+    type: str
+
+
+def node_arg(v: Value) -> NodeArg:
+    return NodeArg(v.name, list(v.type.shape), f"tensor({ORT_TYPE_NAME[v.type.dtype]})")
+
+
+def bind_feeds(inputs: list[Value], feeds: dict[str, np.ndarray], where: str) -> dict[str, TensorType]:
+    """Check feeds against declared inputs; return the concrete type of each, symbolic dims bound."""
+    names = {v.name for v in inputs}
+    extra = [k for k in feeds if k not in names]
+    if extra:
+        raise InputError(f"{where}: unexpected input(s) {extra}; expected: "
+                         + ", ".join(f"'{v.name}' {v.type}" for v in inputs))
+    bound: dict[str, int] = {}
+    types = {}
+    for v in inputs:
+        if v.name not in feeds:
+            raise InputError(f"{where}: missing input '{v.name}' (expected {v.type})")
+        x = feeds[v.name]
+        if not isinstance(x, np.ndarray):
+            raise InputError(f"{where}: input '{v.name}' must be a numpy array (expected {v.type}), "
+                             f"got {type(x).__name__}")
+        if x.dtype != v.type.dtype:
+            raise InputError(f"{where}: input '{v.name}' has element type {ORT_TYPE_NAME.get(x.dtype, x.dtype)}, "
+                             f"expected {v.type}")
+        if x.ndim != len(v.type.shape):
+            raise InputError(f"{where}: input '{v.name}' has shape {x.shape}, expected {v.type} (rank mismatch)")
+        for d, (want, got) in enumerate(zip(v.type.shape, x.shape)):
+            if isinstance(want, int) and want != got:
+                raise InputError(f"{where}: input '{v.name}' has shape {x.shape}, expected {v.type} (dim {d})")
+            if isinstance(want, str):
+                if bound.setdefault(want, got) != got:
+                    raise InputError(f"{where}: input '{v.name}' dim {d} ('{want}') is {got}, but '{want}' is "
+                                     f"{bound[want]} in another input")
+        types[v.name] = TensorType(x.dtype, x.shape)
+    return types
+
+
+class InferenceSession:
+    """Run an ONNX model: ``InferenceSession(path_or_bytes).run(output_names, feeds)``.
+
+    One plan and arena per distinct set of input shapes, built on first use. ``sess_options`` and
+    ``providers`` are accepted for onnxruntime compatibility and ignored (CPU only).
+    """
+
+    def __init__(self, model, sess_options=None, providers=None, max_memory: int | None = None, **kwargs):
+        from .onnx_io import to_graph
+
+        self.graph: Graph = to_graph(model)
+        self.max_memory = max_memory
+        self._programs: dict[tuple, Program] = {}
+        self._where = f"model '{model}'" if isinstance(model, str) else f"graph '{self.graph.name}'"
+
+    def get_inputs(self) -> list[NodeArg]:
+        return [node_arg(v) for v in self.graph.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [node_arg(v) for v in self.graph.outputs]
+
+    def get_providers(self) -> list[str]:
+        return ["CPUExecutionProvider"]
+
+    def program(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None) -> Program:
+        """The Program for these feeds' shapes (planned and compiled on first use)."""
+        output_names = list(output_names or [v.name for v in self.graph.outputs])
+        types = bind_feeds(self.graph.inputs, feeds, self._where)
+        key = (tuple((n, t.shape) for n, t in types.items()), tuple(output_names))
+        prog = self._programs.get(key)
+        if prog is None:
+            plan = make_plan(self.graph, types, output_names, max_memory=self.max_memory)
+            prog = self._programs[key] = Program(plan)
+        return prog
+
+    def run(self, output_names, input_feed: dict[str, np.ndarray], run_options=None) -> list[np.ndarray]:
+        known = {v.name for v in self.graph.outputs}
+        for name in output_names or []:
+            if name not in known:
+                raise InputError(f"{self._where}: '{name}' is not an output; outputs: {sorted(known)}")
+        prog = self.program(input_feed, output_names)
+        outs = prog.run([input_feed[v.name] for v in self.graph.inputs])
+        return [np.array(o) for o in outs]   # copies, as onnxruntime returns: the arena is reused next run

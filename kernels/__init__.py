@@ -1,0 +1,1 @@
+"""Numba kernels, one module per op family (stems match ``edgetrain.ops``); ``_jit`` configures Numba."""

@@ -1,0 +1,50 @@
+"""The one place that configures Numba: cache directory, threads, fastmath, and the jit decorator.
+
+``NUMBA_DISABLE_JIT=1`` runs every kernel as plain Python (debugging, coverage). Kernels compile lazily
+on first call and are cached on disk (``cache=True``), so a warm process compiles nothing.
+"""
+from __future__ import annotations
+
+import os
+
+from edgetrain import config
+
+os.environ.setdefault("NUMBA_CACHE_DIR", str(config.cache_dir() / "numba"))
+os.environ.setdefault("NUMBA_NUM_THREADS", str(config.num_threads()))
+
+import numba  # noqa: E402
+
+numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
+
+# Reductions may reorder sums and fuse multiply-adds; no fastmath flag that changes NaN/inf semantics.
+FASTMATH = frozenset({"contract", "reassoc", "nsz"})
+
+_DISPATCHERS: list = []
+
+
+def jit(fn=None, *, fastmath: bool = False, inline: str = "never"):
+    """``numba.njit(cache=True, nogil=True)`` and registration for ``compile_stats``."""
+    def wrap(f):
+        d = numba.njit(cache=True, nogil=True, fastmath=FASTMATH if fastmath else False, inline=inline)(f)
+        register(d)
+        return d
+    return wrap(fn) if fn is not None else wrap
+
+
+def register(dispatcher):
+    if hasattr(dispatcher, "stats"):
+        _DISPATCHERS.append(dispatcher)
+    return dispatcher
+
+
+def compile_stats() -> dict[str, int]:
+    """Signatures compiled in this process (``misses``) and loaded from the disk cache (``hits``)."""
+    hits = misses = 0
+    for d in _DISPATCHERS:
+        hits += sum(d.stats.cache_hits.values())
+        misses += sum(d.stats.cache_misses.values())
+    return {"hits": hits, "misses": misses, "kernels": len(_DISPATCHERS)}
+
+
+def set_num_threads(n: int):
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))

@@ -1,0 +1,1 @@
+"""Operator reduction and the trimmed runtime (see the minimal-build issue); reads the op table, not kernels."""
