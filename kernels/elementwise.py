@@ -10,7 +10,15 @@ import math  # noqa: F401  (used by the generated source)
 def _div(a, k):
     if k.is_int:  # ONNX integer division truncates toward zero
         return f"_trunc_div({a[0]}, {a[1]})"
-    return f"{a[0]} / {a[1]}"
+    return f"{a[0]} / {a[1]}"   # the generated kernels use Numba's numpy error model: x / 0 is inf or nan
+
+
+def _mod(a, k):
+    if not k.attr("fmod", 0):
+        return f"{a[0]} % {a[1]}"   # Python's %: the result takes the divisor's sign, like np.mod
+    if k.is_int:                    # Numba's np.fmod is wrong for integer scalars; a - b * trunc(a / b)
+        return f"({a[0]} - {a[1]} * _trunc_div({a[0]}, {a[1]}))"
+    return f"np.fmod({a[0]}, {a[1]})"
 
 
 def _clip(a, k):
@@ -26,12 +34,27 @@ def _elu(x, alpha, k):
     return f"({x} if {x} > 0 else {k.T}({alpha}) * math.expm1({x}))"
 
 
+def _extremum(fn):
+    """Variadic Max / Min as nested np.maximum / np.minimum: NaN propagates as in numpy (max() drops it)."""
+    def template(a, k):
+        expr = a[0]
+        for x in a[1:]:
+            expr = f"{fn}({expr}, {x})"
+        return expr
+    return template
+
+
+def _sigmoid(a, k):
+    x, one = a[0], f"{k.T}(1.0)"   # exp only of -|x|: no overflow for large |x|
+    return f"({one} / ({one} + math.exp(-{x})) if {x} >= 0 else math.exp({x}) / ({one} + math.exp({x})))"
+
+
 SCALAR = {
     "Abs": lambda a, k: f"abs({a[0]})",
     "Add": lambda a, k: f"{a[0]} + {a[1]}",
     "And": lambda a, k: f"{a[0]} and {a[1]}",
     "Atan": lambda a, k: f"math.atan({a[0]})",
-    "Ceil": lambda a, k: f"math.ceil({a[0]})",
+    "Ceil": lambda a, k: f"np.ceil({a[0]})",   # math.ceil returns an int (wrong for inf/nan/huge)
     "Clip": _clip,
     "Cos": lambda a, k: f"math.cos({a[0]})",
     "Div": _div,
@@ -39,34 +62,36 @@ SCALAR = {
     "Equal": lambda a, k: f"{a[0]} == {a[1]}",
     "Erf": lambda a, k: f"math.erf({a[0]})",
     "Exp": lambda a, k: f"math.exp({a[0]})",
-    "Floor": lambda a, k: f"math.floor({a[0]})",
+    "Floor": lambda a, k: f"np.floor({a[0]})",
     "Gelu": lambda a, k: f"{k.T}(0.5) * {a[0]} * ({k.T}(1.0) + math.erf({a[0]} * {k.T}(0.7071067811865476)))",
     "Greater": lambda a, k: f"{a[0]} > {a[1]}",
     "GreaterOrEqual": lambda a, k: f"{a[0]} >= {a[1]}",
-    "HardSigmoid": lambda a, k: (f"max({k.T}(0.0), min({k.T}(1.0), {k.T}({k.attr('alpha', 0.2)}) * {a[0]}"
-                                 f" + {k.T}({k.attr('beta', 0.5)})))"),
-    "HardSwish": lambda a, k: f"{a[0]} * max({k.T}(0.0), min({k.T}(1.0), {a[0]} / {k.T}(6.0) + {k.T}(0.5)))",
+    # Python's max/min return their first argument when a comparison is false: x first keeps NaN NaN
+    "HardSigmoid": lambda a, k: (f"max(min({k.T}({k.attr('alpha', 0.2)}) * {a[0]} + "
+                                 f"{k.T}({k.attr('beta', 0.5)}), {k.T}(1.0)), {k.T}(0.0))"),
+    "HardSwish": lambda a, k: f"{a[0]} * max(min({a[0]} / {k.T}(6.0) + {k.T}(0.5), {k.T}(1.0)), {k.T}(0.0))",
     "LeakyRelu": lambda a, k: f"({a[0]} if {a[0]} >= 0 else {k.T}({k.attr('alpha', 0.01)}) * {a[0]})",
     "Less": lambda a, k: f"{a[0]} < {a[1]}",
     "LessOrEqual": lambda a, k: f"{a[0]} <= {a[1]}",
     "Log": lambda a, k: f"math.log({a[0]})",
-    "Max": lambda a, k: f"max({', '.join(a)})" if len(a) > 1 else a[0],
+    "Max": _extremum("np.maximum"),
     "Mean": lambda a, k: f"({' + '.join(a)}) / {k.T}({len(a)})",
-    "Min": lambda a, k: f"min({', '.join(a)})" if len(a) > 1 else a[0],
-    "Mod": lambda a, k: f"np.fmod({a[0]}, {a[1]})" if k.attr("fmod", 0) else f"{a[0]} % {a[1]}",
+    "Min": _extremum("np.minimum"),
+    "Mod": _mod,
     "Mul": lambda a, k: f"{a[0]} * {a[1]}",
     "Neg": lambda a, k: f"-{a[0]}",
     "Not": lambda a, k: f"not {a[0]}",
     "Or": lambda a, k: f"{a[0]} or {a[1]}",
     "PRelu": lambda a, k: f"({a[0]} if {a[0]} >= 0 else {a[1]} * {a[0]})",
-    "Pow": lambda a, k: f"{a[0]} ** {a[1]}",
+    "Pow": lambda a, k: f"{k.T}({a[0]} ** {a[1]})",   # float32 ** int64 would otherwise widen to float64
     "Reciprocal": lambda a, k: f"{k.T}(1.0) / {a[0]}",
-    "Relu": lambda a, k: f"({a[0]} if {a[0]} > 0 else {k.T}(0))",
-    "Scale": lambda a, k: f"{a[0]} / {a[1]}" if k.attr("scale_down", 0) else f"{a[0]} * {a[1]}",
+    "Relu": lambda a, k: f"({k.T}(0) if {a[0]} < 0 else {a[0]})",   # NaN stays NaN, as np.maximum(x, 0)
+    "Scale": lambda a, k: f"{a[0]} {'/' if k.attr('scale_down', 0) else '*'} {k.T}({a[1]})",
     "Selu": lambda a, k: (f"{k.T}({k.attr('gamma', 1.05070102214813232421875)}) * "
                           + _elu(a[0], k.attr("alpha", 1.67326319217681884765625), k)),
-    "Sigmoid": lambda a, k: f"{k.T}(1.0) / ({k.T}(1.0) + math.exp(-{a[0]}))",
-    "Sign": lambda a, k: f"(({a[0]} > 0) - ({a[0]} < 0))",
+    "Sigmoid": _sigmoid,
+    # 0 and NaN map to themselves
+    "Sign": lambda a, k: f"({k.T}(1) if {a[0]} > 0 else ({k.T}(-1) if {a[0]} < 0 else {a[0]}))",
     "Sin": lambda a, k: f"math.sin({a[0]})",
     "Softplus": lambda a, k: f"(max({a[0]}, {k.T}(0)) + math.log1p(math.exp(-abs({a[0]}))))",
     "Sqrt": lambda a, k: f"math.sqrt({a[0]})",
@@ -78,7 +103,7 @@ SCALAR = {
 
 # Helpers the generated modules import by name.
 HELPERS = '''
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def _trunc_div(a, b):
     q = a // b
     return q + 1 if (q < 0 and q * b != a) else q

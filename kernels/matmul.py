@@ -13,7 +13,9 @@ def fused_matmul(ctx):
     alpha = float(ctx.attr("alpha", 1.0))
 
     def run(a, b, y):
-        np.matmul(a.swapaxes(-1, -2) if trans_a else a, b.swapaxes(-1, -2) if trans_b else b, out=y)
+        # transA / transB swap the last two dims; a 1-D operand has nothing to swap (as the shape rule says)
+        np.matmul(a.swapaxes(-1, -2) if trans_a and a.ndim >= 2 else a,
+                  b.swapaxes(-1, -2) if trans_b and b.ndim >= 2 else b, out=y)
         if alpha != 1.0:
             np.multiply(y, y.dtype.type(alpha), out=y)
     return run

@@ -1,4 +1,4 @@
-"""Data-movement kernels: numpy copies into preallocated outputs (no Numba needed for these).
+"""Data-movement kernels: numpy copies into preallocated outputs; Resize's gathers are jitted.
 
 Launchers receive ``(inputs..., outputs..., workspaces...)`` with one slot per node input and output.
 """
@@ -8,7 +8,10 @@ import builtins
 
 import numpy as np
 
-from edgetrain.ops.tensor import pad_widths, slice_spec, split_sizes, transpose_perm
+from edgetrain.ops.tensor import (RESIZE_RANK, dropout_ratio, pad_widths, resize_tables, slice_spec,
+                                  split_sizes, transpose_perm)
+
+from ._jit import jit
 
 
 def cast(ctx):
@@ -75,6 +78,8 @@ def transpose(ctx):
 
 
 def pad(ctx):
+    """Negative pads crop first; reflect / edge / wrap then fill each padded axis in turn from values
+    already in ``y`` (numpy.pad's order), one slice copy per padded position, so nothing is allocated."""
     widths = pad_widths(ctx)
     mode = ctx.attr("mode", "constant")
     shape = ctx.shape(0)
@@ -83,28 +88,88 @@ def pad(ctx):
     value = ctx.const(2, "constant_value", np.zeros(())) if mode == "constant" else None
     value = value.reshape(-1)[0] if value is not None and value.size else 0
     n_in = len(ctx.node.inputs)
+    copies = []          # (destination index, source index) into y, in order
+    if mode != "constant":
+        np_mode = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]
+        for axis, ((a, b), s) in enumerate(zip(widths, dst)):
+            before, after, kept = max(0, a), max(0, b), s.stop - s.start
+            if not before and not after:
+                continue
+            source = np.pad(np.arange(kept), (before, after), mode=np_mode) + before   # position in y
+            # axes before this one are complete, later ones only hold their kept middle so far
+            lead, trail = (builtins.slice(None),) * axis, dst[axis + 1:]
+            for j in list(range(before)) + list(range(before + kept, before + kept + after)):
+                copies.append((lead + (j,) + trail, lead + (int(source[j]),) + trail))
 
     def run(*args):
         x, y = args[0], args[n_in]
         if mode == "constant":
             y.fill(value)
-            np.copyto(y[dst], x[src])
-        else:  # reflect / edge / wrap go through numpy's pad, which allocates; rare in training graphs
-            np.copyto(y, np.pad(x, widths, mode=mode))
+        np.copyto(y[dst], x[src])
+        for d, s in copies:
+            np.copyto(y[d], y[s])
     return run
 
 
 def dropout(ctx):
     """Training-mode Dropout: mask = (U[0,1) >= ratio), y = x * mask / (1 - ratio)."""
-    ratio = float(ctx.const(1, "ratio").reshape(())) if ctx.has_input(1) else 0.5
+    ratio = dropout_ratio(ctx)
+    scale = 1.0 / (1.0 - ratio)
     rng = np.random.default_rng(ctx.attr("seed", None))
     n_in = len(ctx.node.inputs)
     has_mask = len(ctx.node.outputs) > 1 and bool(ctx.node.outputs[1])
 
     def run(*args):
         x, y, noise = args[0], args[n_in], args[-1]
-        rng.random(out=noise)
-        keep = noise >= ratio if not has_mask else np.greater_equal(noise, ratio, out=args[n_in + 1])
+        rng.random(out=noise, dtype=np.float32)
+        if has_mask:
+            keep = np.greater_equal(noise, ratio, out=args[n_in + 1])
+        else:   # the mask as 0.0 / 1.0 in the noise buffer itself
+            keep = np.greater_equal(noise, np.float32(ratio), out=noise)
         np.multiply(x, keep, out=y)
-        np.multiply(y, y.dtype.type(1.0 / (1.0 - ratio)), out=y)
+        np.multiply(y, y.dtype.type(scale), out=y)
+    return run
+
+
+@jit
+def _resize_nearest(x, y, i0, i1, i2, i3):
+    for a in range(y.shape[0]):
+        for b in range(y.shape[1]):
+            for c in range(y.shape[2]):
+                for d in range(y.shape[3]):
+                    y[a, b, c, d] = x[i0[a], i1[b], i2[c], i3[d]]
+
+
+@jit
+def _resize_bilinear(x, y, i0, i1, lo2, hi2, w2, lo3, hi3, w3):
+    """Linear along the last two axes (the first two map index to index), computed in float64."""
+    for a in range(y.shape[0]):
+        p = i0[a]
+        for b in range(y.shape[1]):
+            q = i1[b]
+            for c in range(y.shape[2]):
+                l2, h2, v = lo2[c], hi2[c], w2[c]
+                for d in range(y.shape[3]):
+                    l3, h3, u = lo3[d], hi3[d], w3[d]
+                    top = x[p, q, l2, l3] * (1.0 - u) + x[p, q, l2, h3] * u
+                    bottom = x[p, q, h2, l3] * (1.0 - u) + x[p, q, h2, h3] * u
+                    y[a, b, c, d] = top * (1.0 - v) + bottom * v
+
+
+def resize(ctx):
+    """Resize (nearest, or linear over the last two axes) by per-axis index / weight tables from planning."""
+    tables = resize_tables(ctx)
+    pad = RESIZE_RANK - len(ctx.shape(0))
+    in4 = (1,) * pad + tuple(ctx.shape(0))
+    out4 = (1,) * pad + tuple(ctx.out(0).shape)
+    linear = ctx.attr("mode", "nearest") == "linear"
+    n_in = len(ctx.node.inputs)
+    (i0, _, _), (i1, _, _), (lo2, hi2, w2), (lo3, hi3, w3) = tables
+
+    def run(*args):
+        x, y = args[0].reshape(in4), args[n_in].reshape(out4)
+        if linear:
+            _resize_bilinear(x, y, i0, i1, lo2, hi2, w2, lo3, hi3, w3)
+        else:
+            _resize_nearest(x, y, i0, i1, lo2, lo3)
     return run

@@ -1,13 +1,13 @@
 """Shape and data-movement ops: views (Reshape, Flatten, Squeeze, Unsqueeze, Identity), copies (Transpose,
-Concat, Split, Slice, Gather, Expand, Pad, Cast), shape arithmetic folded when planning (Constant, Shape, Size,
-ConstantOfShape), and training-mode Dropout."""
+Concat, Split, Slice, Gather, Expand, Pad, Cast, Resize), shape arithmetic folded when planning (Constant,
+Shape, Size, ConstantOfShape), and training-mode Dropout."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..ir import TensorType
 from ..ir.dtypes import to_numpy
-from .base import ANY, NodeContext, OpDef, broadcast_shapes, normalize_axis
+from .base import ALL_NUMERIC, ANY, NodeContext, OpDef, broadcast_shapes, normalize_axis
 
 INDEX = (np.dtype(np.int32), np.dtype(np.int64))
 
@@ -22,6 +22,10 @@ def reshape_target(ctx: NodeContext) -> tuple[int, ...]:
     src = ctx.shape(0)
     want = [int(d) for d in ctx.const(1, "shape").reshape(-1)]
     allowzero = ctx.attr("allowzero", 0)
+    if any(d < -1 for d in want):
+        raise ctx.error(f"shape {want} has a negative entry other than -1")
+    if not allowzero and any(d == 0 and i >= len(src) for i, d in enumerate(want)):
+        raise ctx.error(f"shape {want} copies (0) a dim beyond the input's rank {len(src)}")
     out = [src[i] if d == 0 and not allowzero else d for i, d in enumerate(want)]
     if out.count(-1) > 1:
         raise ctx.error(f"shape {want} has more than one -1")
@@ -42,7 +46,11 @@ def _reshape(ctx):
 
 def _flatten(ctx):
     shape = ctx.shape(0)
-    axis = normalize_axis(ctx, ctx.attr("axis", 1), len(shape) + 1) if shape else 0
+    rank = len(shape)
+    axis = int(ctx.attr("axis", 1))
+    if not -rank <= axis <= rank:         # axis may equal rank (output [N, 1]); negative counts from the back
+        raise ctx.error(f"axis {axis} is out of range [-{rank}, {rank}]")
+    axis = axis + rank if axis < 0 else axis
     return [_t(ctx, (int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64))))]
 
 
@@ -51,7 +59,10 @@ def _squeeze(ctx):
     axes = ctx.axes(1)
     if axes is None:
         return [_t(ctx, [d for d in shape if d != 1])]
-    axes = {normalize_axis(ctx, a, len(shape)) for a in axes}
+    norm = [normalize_axis(ctx, a, len(shape)) for a in axes]
+    if len(set(norm)) != len(norm):
+        raise ctx.error(f"axes {list(axes)} repeat an axis")
+    axes = set(norm)
     for a in axes:
         if shape[a] != 1:
             raise ctx.error(f"cannot squeeze axis {a} of size {shape[a]}")
@@ -64,7 +75,10 @@ def _unsqueeze(ctx):
     if axes is None:
         raise ctx.error("axes are required")
     rank = len(shape) + len(axes)
-    for a in sorted(normalize_axis(ctx, a, rank) for a in axes):
+    norm = sorted(normalize_axis(ctx, a, rank) for a in axes)
+    if len(set(norm)) != len(norm):
+        raise ctx.error(f"axes {list(axes)} repeat an axis")
+    for a in norm:
         shape.insert(a, 1)
     return [_t(ctx, shape)]
 
@@ -119,7 +133,14 @@ def _cast(ctx):
 
 
 def _concat(ctx):
-    shapes = [ctx.shape(i) for i in range(len(ctx.node.inputs)) if ctx.has_input(i)]
+    present = [i for i in range(len(ctx.node.inputs)) if ctx.has_input(i)]
+    if not present:
+        raise ctx.error("needs at least one input")
+    shapes = [ctx.shape(i) for i in present]
+    if len({ctx.type(i).dtype for i in present}) > 1:
+        raise ctx.error("inputs must share one element type")
+    if not shapes[0]:
+        raise ctx.error("cannot concatenate scalars (rank 0)")
     axis = normalize_axis(ctx, ctx.attr("axis"), len(shapes[0]))
     for s in shapes:
         if len(s) != len(shapes[0]) or any(a != b for d, (a, b) in enumerate(zip(s, shapes[0])) if d != axis):
@@ -136,6 +157,8 @@ def _expand(ctx):
 
 def _gather(ctx):
     data, idx = ctx.shape(0), ctx.shape(1)
+    if not data:
+        raise ctx.error("data must have rank >= 1")
     axis = normalize_axis(ctx, ctx.attr("axis", 0), len(data))
     if ctx.type(1).dtype not in INDEX:
         raise ctx.error("indices must be int32 or int64")
@@ -145,24 +168,32 @@ def _gather(ctx):
 def slice_spec(ctx: NodeContext) -> tuple[slice, ...]:
     """Python slices for Slice's starts/ends/axes/steps, clamped as the ONNX spec says."""
     shape = ctx.shape(0)
-    starts = ctx.const(1, "starts").reshape(-1)
-    ends = ctx.const(2, "ends").reshape(-1)
+    starts = [int(v) for v in ctx.const(1, "starts").reshape(-1)]
+    ends = [int(v) for v in ctx.const(2, "ends").reshape(-1)]
     axes = ctx.const(3, "axes", None)
-    axes = range(len(starts)) if axes is None else [normalize_axis(ctx, int(a), len(shape)) for a in axes.reshape(-1)]
+    axes = list(range(len(starts))) if axes is None else [normalize_axis(ctx, int(a), len(shape))
+                                                          for a in axes.reshape(-1)]
     steps = ctx.const(4, "steps", None)
     steps = [1] * len(starts) if steps is None else [int(s) for s in steps.reshape(-1)]
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.error(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} must have one entry "
+                        "per sliced axis")
+    if len(set(axes)) != len(axes):
+        raise ctx.error(f"axes {axes} repeat an axis")
     spec = [slice(None)] * len(shape)
     for a, s, e, st in zip(axes, starts, ends, steps):
         if st == 0:
             raise ctx.error("Slice steps must be nonzero")
         dim = shape[a]
-        s, e = int(max(min(s, 2**62), -2**62)), int(max(min(e, 2**62), -2**62))
+        s, e = max(min(s, 2**62), -2**62), max(min(e, 2**62), -2**62)
         s = s + dim if s < 0 else s
         e = e + dim if e < 0 else e
-        if st > 0:
+        if st > 0:      # clamp starts and ends to [0, dim]
             s, e = min(max(s, 0), dim), min(max(e, 0), dim)
-        else:
-            s, e = min(max(s, -1), dim - 1), min(max(e, -1), dim - 1)
+        else:           # starts to [0, dim - 1], ends to [-1, dim - 1]; -1 means "through index 0"
+            s, e = min(max(s, 0), dim - 1), min(max(e, -1), dim - 1)
+            if s < 0:   # dim == 0: nothing to take
+                s, e = 0, 0
         spec[a] = slice(s, e if e >= 0 else None, st)
     return tuple(spec)
 
@@ -181,12 +212,19 @@ def split_sizes(ctx: NodeContext) -> list[int]:
         split = ctx.const(1, "split").reshape(-1)
     if split is not None:
         split = [int(s) for s in split]
-        if sum(split) != shape[axis] or len(split) != n:
+        if sum(split) != shape[axis] or len(split) != n or min(split, default=0) < 0:
             raise ctx.error(f"split {split} does not cover axis {axis} of size {shape[axis]} in {n} outputs")
         return split
-    n = ctx.attr("num_outputs", n)
-    chunk = -(-shape[axis] // n)
-    return [min(chunk, shape[axis] - i * chunk) for i in range(n)]
+    num = ctx.attr("num_outputs", None)
+    if num is not None and int(num) != n:
+        raise ctx.error(f"num_outputs {num} differs from the node's {n} outputs")
+    if n < 1:
+        raise ctx.error("needs at least one output")
+    chunk = -(-shape[axis] // n)     # ceil: every chunk but the last has this size, the last may be smaller
+    sizes = [min(chunk, shape[axis] - i * chunk) for i in range(n)]
+    if min(sizes) < 0:
+        raise ctx.error(f"axis {axis} of size {shape[axis]} cannot be split into {n} parts")
+    return sizes
 
 
 def _split(ctx):
@@ -213,6 +251,8 @@ def pad_widths(ctx: NodeContext) -> list[tuple[int, int]]:
     pads = [int(p) for p in (ctx.node.attrs["pads"] if "pads" in ctx.node.attrs else ctx.const(1, "pads").reshape(-1))]
     axes = ctx.axes(3)
     axes = list(range(rank)) if axes is None else [normalize_axis(ctx, a, rank) for a in axes]
+    if len(set(axes)) != len(axes):
+        raise ctx.error(f"axes {axes} repeat an axis")
     if len(pads) != 2 * len(axes):
         raise ctx.error(f"pads {pads} must have 2 entries per padded axis ({len(axes)})")
     widths = [(0, 0)] * rank
@@ -222,13 +262,171 @@ def pad_widths(ctx: NodeContext) -> list[tuple[int, int]]:
 
 
 def _pad(ctx):
-    if ctx.attr("mode", "constant") not in ("constant", "reflect", "edge", "wrap"):
-        raise ctx.error(f"pad mode '{ctx.attr('mode')}' is not supported")
-    return [_t(ctx, [d + a + b for d, (a, b) in zip(ctx.shape(0), pad_widths(ctx))])]
+    mode = ctx.attr("mode", "constant")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise ctx.error(f"pad mode '{mode}' is not supported")
+    if mode == "constant" and ctx.has_input(2):
+        value = ctx.const(2, "constant_value")
+        if value.size > 1:
+            raise ctx.error(f"constant_value must be a scalar, got shape {value.shape}")
+    widths = pad_widths(ctx)
+    out = [d + a + b for d, (a, b) in zip(ctx.shape(0), widths)]
+    if min(out, default=0) < 0:
+        raise ctx.error(f"pads {widths} crop more than the input's shape {ctx.shape(0)}")
+    if mode != "constant":
+        for d, (a, b) in zip(ctx.shape(0), widths):
+            kept = d - max(0, -a) - max(0, -b)
+            if (a > 0 or b > 0) and kept < (2 if mode == "reflect" else 1):
+                raise ctx.error(f"{mode} padding of {max(a, 0)}, {max(b, 0)} needs at least "
+                                f"{2 if mode == 'reflect' else 1} element(s) along the axis, got {kept}")
+    return [_t(ctx, out)]
+
+
+# --- Resize -----------------------------------------------------------------------------------------------
+
+RESIZE_COORDINATES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+                      "asymmetric")
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+RESIZE_RANK = 4     # the kernels work on [N, C, H, W] (lower ranks get leading 1s)
+RESIZE_DTYPES = ALL_NUMERIC + (np.dtype(np.uint8), np.dtype(np.int8))
+
+
+def resize_geometry(ctx: NodeContext) -> tuple[list[np.float32], list[int]]:
+    """Per axis of X: the scale and the output size (ONNX Resize: scales or sizes, optional axes).
+
+    Arithmetic is float32, as onnxruntime does it: the scales are float32 tensors, and with float64 some
+    products land just below an integer (0.7f * 10 = 6.99999988), flipping a floor.
+    """
+    f32 = np.float32
+    shape = ctx.shape(0)
+    rank = len(shape)
+    axes = ctx.attr("axes", None)
+    axes = list(range(rank)) if axes is None else [normalize_axis(ctx, int(a), rank) for a in axes]
+    if len(set(axes)) != len(axes):
+        raise ctx.error(f"axes {axes} repeat an axis")
+    scales = ctx.const(2, "scales", None)
+    sizes = ctx.const(3, "sizes", None)
+    scales = None if scales is None or scales.size == 0 else [float(v) for v in scales.reshape(-1)]
+    sizes = None if sizes is None or sizes.size == 0 else [int(v) for v in sizes.reshape(-1)]
+    if (scales is None) == (sizes is None):
+        raise ctx.error("exactly one of 'scales' and 'sizes' must be given")
+    given = scales if scales is not None else sizes
+    if len(given) != len(axes):
+        what = "scales" if scales is not None else "sizes"
+        raise ctx.error(f"{what} {given} must have one entry per resized axis ({len(axes)})")
+    scale = [f32(1.0)] * rank
+    out = list(shape)
+    if scales is not None:
+        for a, s in zip(axes, scales):
+            if not s > 0:
+                raise ctx.error(f"scales {scales} must be positive")
+            scale[a] = f32(s)
+            out[a] = int(np.floor(scale[a] * f32(shape[a])))
+        return scale, out
+    if min(sizes) < 0 or any(shape[a] == 0 for a in axes):
+        raise ctx.error(f"sizes {sizes} must be >= 0 and the resized axes of X non-empty")
+    for a, n in zip(axes, sizes):
+        scale[a], out[a] = f32(n) / f32(shape[a]), n
+    policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
+    if policy != "stretch":
+        if policy not in ("not_larger", "not_smaller"):
+            raise ctx.error(f"keep_aspect_ratio_policy '{policy}' is not one of stretch, not_larger, "
+                            "not_smaller")
+        common = (min if policy == "not_larger" else max)(scale[a] for a in axes)
+        for a in axes:
+            scale[a], out[a] = common, int(np.floor(common * f32(shape[a]) + f32(0.5)))
+    return scale, out
+
+
+def _resize_source(mode: str, scale: np.float32, n_in: int, n_out: int) -> np.ndarray:
+    """Source coordinate of every output index along one axis (float32 as in onnxruntime, not clamped)."""
+    f32 = np.float32
+    y = np.arange(n_out, dtype=f32)
+    half = f32(0.5)
+    if mode == "asymmetric":
+        return y / scale
+    if mode == "align_corners":
+        return y * f32(n_in - 1) / f32(n_out - 1) if n_out > 1 else np.zeros(n_out, f32)
+    if mode == "pytorch_half_pixel":
+        return (y + half) / scale - half if n_out > 1 else np.zeros(n_out, f32)
+    if mode == "half_pixel_symmetric":
+        adjustment = f32(n_out) / (scale * f32(n_in))
+        offset = f32(n_in) / f32(2) * (f32(1) - adjustment)
+        return offset + (y + half) / scale - half
+    return (y + half) / scale - half         # half_pixel
+
+
+def resize_tables(ctx: NodeContext):
+    """Per axis of the [N, C, H, W]-padded X: (lo, hi, weight of hi), so that an output index ``i`` reads
+    ``(1 - w[i]) * X[lo[i]] + w[i] * X[hi[i]]``; nearest has ``lo == hi`` and ``w == 0``."""
+    shape = ctx.shape(0)
+    scale, out = resize_geometry(ctx)
+    mode = ctx.attr("mode", "nearest")
+    coords = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    nearest = ctx.attr("nearest_mode", "round_prefer_floor")
+    pad = RESIZE_RANK - len(shape)
+    tables = [(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1))] * pad
+    for n_in, n_out, s in zip(shape, out, scale):
+        if n_out == n_in and np.isclose(s, 1.0):          # identity along this axis
+            idx = np.arange(n_in, dtype=np.int64)
+            tables.append((idx, idx, np.zeros(n_in)))
+            continue
+        x = _resize_source(coords, s, n_in, n_out)
+        if mode == "nearest":     # x -/+ 0.5 is exact in float32 for any coordinate below 2**22
+            half = np.float32(0.5)
+            idx = {"round_prefer_floor": np.ceil(x - half), "round_prefer_ceil": np.floor(x + half),
+                   "floor": np.floor(x), "ceil": np.ceil(x)}[nearest]
+            idx = np.clip(idx, 0, n_in - 1).astype(np.int64)
+            tables.append((idx, idx, np.zeros(n_out)))
+        else:
+            lo = np.floor(x)
+            w = (x - lo).astype(np.float64)
+            lo = lo.astype(np.int64)
+            tables.append((np.clip(lo, 0, n_in - 1), np.clip(lo + 1, 0, n_in - 1), w))
+    return tables
+
+
+def _resize(ctx):
+    shape = ctx.shape(0)
+    mode = ctx.attr("mode", "nearest")
+    if mode not in ("nearest", "linear"):
+        raise ctx.error(f"mode '{mode}' is not supported (nearest, linear)")
+    coords = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    if coords not in RESIZE_COORDINATES:
+        raise ctx.error(f"coordinate_transformation_mode '{coords}' is not supported "
+                        f"({', '.join(RESIZE_COORDINATES)})")
+    if mode == "nearest" and ctx.attr("nearest_mode", "round_prefer_floor") not in NEAREST_MODES:
+        raise ctx.error(f"nearest_mode '{ctx.attr('nearest_mode')}' is not one of {', '.join(NEAREST_MODES)}")
+    if not 1 <= len(shape) <= RESIZE_RANK:
+        raise ctx.error(f"X must have rank 1 to {RESIZE_RANK}, got {len(shape)}")
+    scale, out = resize_geometry(ctx)
+    if mode == "linear":
+        if ctx.type(0).dtype.kind != "f":
+            raise ctx.error("linear mode needs a float X")
+        if ctx.attr("antialias", 0) and min(scale) < 1:
+            raise ctx.error("antialias when downsampling is not supported")
+        pad = RESIZE_RANK - len(shape)
+        moved = [a + pad for a, (n_in, n_out, s) in enumerate(zip(shape, out, scale))
+                 if not (n_in == n_out and np.isclose(s, 1.0))]
+        if any(a < RESIZE_RANK - 2 for a in moved):
+            raise ctx.error(f"linear mode resizes at most the last two axes, scales {scale}")
+    elif ctx.attr("antialias", 0):
+        raise ctx.error("antialias applies to linear and cubic modes only")
+    return [_t(ctx, out)]
+
+
+def dropout_ratio(ctx: NodeContext) -> float:
+    ratio = float(ctx.const(1, "ratio").reshape(())) if ctx.has_input(1) else 0.5
+    if not 0.0 <= ratio < 1.0:
+        raise ctx.error(f"ratio {ratio} must be in [0, 1)")
+    return ratio
 
 
 def _dropout(ctx):
-    return [ctx.type(0), TensorType(np.bool_, ctx.shape(0))]
+    dropout_ratio(ctx)
+    if ctx.has_input(2):
+        ctx.const(2, "training_mode")
+    return [ctx.type(0), TensorType(np.bool_, ctx.shape(0))][:max(1, len(ctx.node.outputs))]
 
 
 OPS = OPS_FOLD + (
@@ -242,6 +440,8 @@ OPS = OPS_FOLD + (
     OpDef("Identity", _identity, since=19, kind="alias", dtypes=ANY),
     OpDef("Pad", _pad, since=19, kernel="tensor.pad", dtypes=ANY),
     OpDef("Reshape", _reshape, since=19, kind="alias", dtypes=ANY),
+    OpDef("Resize", _resize, since=19, kernel="tensor.resize", dtypes=RESIZE_DTYPES,
+          doc="modes nearest and linear (up to 2 spatial axes); tf_crop_and_resize and cubic are rejected"),
     OpDef("Slice", _slice, kernel="tensor.slice", dtypes=ANY),
     OpDef("Split", _split, since=18, kernel="tensor.split", dtypes=ANY),
     OpDef("Squeeze", _squeeze, kind="alias", dtypes=ANY),

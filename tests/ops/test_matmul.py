@@ -1,0 +1,182 @@
+"""MatMul, Gemm (lowered to FusedMatMul + Add) and com.microsoft FusedMatMul (numpy oracle)."""
+from __future__ import annotations
+
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from oracle import assert_matches, model, run_edgetrain  # noqa: E402
+
+import edgetrain  # noqa: E402
+from edgetrain.errors import ShapeError  # noqa: E402
+from edgetrain.ops import matmul  # noqa: E402
+
+
+def rand(shape, dtype=np.float32, key=None):
+    rng = np.random.default_rng(zlib.crc32(repr(("mm", shape, str(np.dtype(dtype)), key)).encode()))
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-5, 6, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def test_every_matmul_op_is_covered():
+    assert {op.op_type for op in matmul.OPS} <= {"MatMul", "Gemm", "FusedMatMul"}
+
+
+# --- MatMul ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sa, sb", [
+    ((4,), (4,)), ((4,), (4, 3)), ((3, 4), (4,)), ((3, 4), (4, 5)),
+    ((2, 3, 4), (4, 5)), ((4,), (2, 4, 5)), ((2, 3, 4), (4,)),
+    ((2, 1, 3, 4), (5, 4, 6)), ((1, 3, 4), (2, 4, 2)), ((3, 0), (0, 2)),
+])
+def test_matmul_shapes(sa, sb):
+    a, b = rand(sa, key="a"), rand(sb, key="b")
+    m = model(helper.make_node("MatMul", ["a", "b"], ["y"]), {"a": a, "b": b}, ["y"])
+    assert_matches(m, {"a": a, "b": b}, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.int64])
+def test_matmul_dtypes(dtype):
+    a, b = rand((2, 3, 4), dtype, "a"), rand((4, 5), dtype, "b")
+    m = model(helper.make_node("MatMul", ["a", "b"], ["y"]), {"a": a, "b": b}, ["y"])
+    assert_matches(m, {"a": a, "b": b})
+
+
+def test_matmul_constant_weight_and_folded():
+    a, w = rand((3, 4), key="a"), rand((4, 2), key="w")
+    node = helper.make_node("MatMul", ["a", "w"], ["y"])
+    assert_matches(model(node, {"a": a}, ["y"], initializers={"w": w}), {"a": a}, rtol=1e-5, atol=1e-5)
+    folded = model(node, {}, ["y"], initializers={"a": a, "w": w})
+    assert edgetrain.InferenceSession(folded.SerializeToString()).program({}).plan.n_kernels == 0
+    assert_matches(folded, {}, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_epilogue_fuses():
+    """MatMul -> Add(bias) -> Relu: one matmul kernel plus one fused loop, in place over the accumulator."""
+    x, w, b = rand((5, 4), key="x"), rand((4, 3), key="w"), rand((3,), key="b")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["y"])]
+    m = model(nodes, {"x": x}, ["y"], initializers={"w": w, "b": b})
+    plan = edgetrain.InferenceSession(m.SerializeToString()).program({"x": x}).plan
+    assert plan.n_kernels == 2
+    assert_matches(m, {"x": x}, rtol=1e-5, atol=1e-6)
+
+
+# --- Gemm --------------------------------------------------------------------------------------------------
+
+M, K, N = 3, 4, 5
+
+
+@pytest.mark.parametrize("trans_a", [0, 1])
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("c_shape", [(N,), (M, 1), (), (M, N), (1, N), None])
+def test_gemm(trans_a, trans_b, c_shape):
+    a = rand((K, M) if trans_a else (M, K), key="a")
+    b = rand((N, K) if trans_b else (K, N), key="b")
+    feeds = {"a": a, "b": b}
+    inputs = ["a", "b"]
+    if c_shape is not None:
+        feeds["c"] = rand(c_shape, key="c")
+        inputs.append("c")
+    node = helper.make_node("Gemm", inputs, ["y"], transA=trans_a, transB=trans_b, alpha=0.5, beta=2.0)
+    assert_matches(model(node, feeds, ["y"]), feeds, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("alpha, beta", [(1.0, 1.0), (-1.5, 0.0), (1.0, 0.25), (2.0, 1.0)])
+def test_gemm_alpha_beta_constant_weights(alpha, beta):
+    """The usual Linear layer: B and C initializers, A fed; and everything constant (folded with numpy)."""
+    a, b, c = rand((M, K), key="a"), rand((N, K), key="b"), rand((N,), key="c")
+    node = helper.make_node("Gemm", ["a", "b", "c"], ["y"], transB=1, alpha=alpha, beta=beta)
+    m = model(node, {"a": a}, ["y"], initializers={"b": b, "c": c})
+    assert_matches(m, {"a": a}, rtol=1e-5, atol=1e-5)
+    folded = model(node, {}, ["y"], initializers={"a": a, "b": b, "c": c})
+    assert_matches(folded, {}, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_float64_then_relu():
+    a, b, c = rand((M, K), np.float64, "a"), rand((K, N), np.float64, "b"), rand((M, 1), np.float64, "c")
+    nodes = [helper.make_node("Gemm", ["a", "b", "c"], ["g"], beta=0.5),
+             helper.make_node("Relu", ["g"], ["y"])]
+    feeds = {"a": a, "b": b, "c": c}
+    assert_matches(model(nodes, feeds, ["y", "g"]), feeds, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("env", ["EDGETRAIN_NO_FUSION", "EDGETRAIN_NO_PLANNER"])
+def test_gemm_switches(monkeypatch, env):
+    a, b, c = rand((M, K), key="a"), rand((K, N), key="b"), rand((N,), key="c")
+    nodes = [helper.make_node("Gemm", ["a", "b", "c"], ["g"], alpha=0.5, beta=3.0),
+             helper.make_node("Sigmoid", ["g"], ["y"])]
+    m = model(nodes, {"a": a}, ["y"], initializers={"b": b, "c": c})
+    base = run_edgetrain(m, {"a": a})[0]
+    monkeypatch.setenv(env, "1")
+    np.testing.assert_array_equal(run_edgetrain(m, {"a": a})[0], base)
+    assert_matches(m, {"a": a}, rtol=1e-5, atol=1e-6)
+
+
+# --- com.microsoft FusedMatMul (numpy oracle) --------------------------------------------------------------
+
+def fused_oracle(a, b, trans_a, trans_b, alpha):
+    if trans_a and a.ndim >= 2:
+        a = np.swapaxes(a, -1, -2)
+    if trans_b and b.ndim >= 2:
+        b = np.swapaxes(b, -1, -2)
+    return (alpha * np.matmul(a.astype(np.float64), b.astype(np.float64))).astype(a.dtype)
+
+
+@pytest.mark.parametrize("sa, sb, trans_a, trans_b", [
+    ((3, 4), (4, 5), 0, 0), ((4, 3), (4, 5), 1, 0), ((3, 4), (5, 4), 0, 1), ((4, 3), (5, 4), 1, 1),
+    ((2, 4, 3), (5, 4), 1, 1), ((2, 3, 4), (2, 5, 4), 0, 1), ((4,), (5, 4), 0, 1), ((4, 3), (4,), 1, 1),
+])
+@pytest.mark.parametrize("alpha", [1.0, 0.125])
+def test_fused_matmul(sa, sb, trans_a, trans_b, alpha):
+    a, b = rand(sa, key="a"), rand(sb, key="b")
+    node = helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", transA=trans_a,
+                            transB=trans_b, alpha=alpha)
+    for m, feeds in ((model(node, {"a": a, "b": b}, ["y"]), {"a": a, "b": b}),
+                     (model(node, {}, ["y"], initializers={"a": a, "b": b}), {})):
+        ours = run_edgetrain(m, feeds)[0]
+        want = fused_oracle(a, b, trans_a, trans_b, alpha)
+        assert ours.shape == want.shape and ours.dtype == want.dtype
+        np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5)
+
+
+# --- shape-rule errors -------------------------------------------------------------------------------------
+
+def _plan_error(node, feeds):
+    m = model(node, feeds, list(node.output))
+    with pytest.raises(ShapeError, match=node.name):
+        edgetrain.InferenceSession(m.SerializeToString()).program(feeds)
+
+
+def test_matmul_inner_mismatch():
+    _plan_error(helper.make_node("MatMul", ["a", "b"], ["y"], name="mm"),
+                {"a": rand((3, 4)), "b": rand((5, 2))})
+
+
+def test_matmul_batch_mismatch():
+    _plan_error(helper.make_node("MatMul", ["a", "b"], ["y"], name="mmb"),
+                {"a": rand((2, 3, 4)), "b": rand((3, 4, 2))})
+
+
+def test_matmul_scalar_operand():
+    _plan_error(helper.make_node("MatMul", ["a", "b"], ["y"], name="mms"), {"a": rand(()), "b": rand((3,))})
+
+
+def test_gemm_errors():
+    _plan_error(helper.make_node("Gemm", ["a", "b", "c"], ["y"], name="gc"),
+                {"a": rand((3, 4)), "b": rand((4, 5)), "c": rand((3, 2))})
+    _plan_error(helper.make_node("Gemm", ["a", "b"], ["y"], name="gk", transA=1),
+                {"a": rand((3, 4)), "b": rand((4, 5))})
+    _plan_error(helper.make_node("Gemm", ["a", "b"], ["y"], name="g3"),
+                {"a": rand((2, 3, 4)), "b": rand((4, 5))})
+
+
+def test_fused_matmul_trans_batch_rejected():
+    _plan_error(helper.make_node("FusedMatMul", ["a", "b"], ["y"], name="fb", domain="com.microsoft",
+                                 transBatchA=1), {"a": rand((2, 3, 4)), "b": rand((4, 5))})

@@ -1,0 +1,538 @@
+"""Shape and data-movement ops (and Resize, Dropout) against the ONNX reference evaluator or onnxruntime."""
+from __future__ import annotations
+
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference  # noqa: E402
+
+import edgetrain  # noqa: E402
+from edgetrain.errors import EdgetrainError, ShapeError  # noqa: E402
+from edgetrain.ops import tensor  # noqa: E402
+
+I64_MAX, I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+
+
+def rng_for(*key) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def rand(shape, dtype=np.float32, key=None):
+    rng = rng_for("rand", shape, str(np.dtype(dtype)), key)
+    if np.dtype(dtype).kind in "iu":
+        return rng.integers(-50, 50, size=shape).astype(dtype)
+    if np.dtype(dtype) == np.bool_:
+        return np.asarray(rng.random(shape) < 0.5)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def i64(*values):
+    return np.array(values, np.int64)
+
+
+def check(op, feeds, consts=None, attrs=None, outputs=("out",), opset=17, oracle=run_reference, **kw):
+    """One ``op`` node; ``feeds`` are graph inputs, ``consts`` initializers (None values: omitted inputs)."""
+    consts = consts or {}
+    names = list(feeds) + list(consts)
+    names = [n if (feeds.get(n) is not None or consts.get(n) is not None) else "" for n in names]
+    while names and names[-1] == "":
+        names.pop()
+    node = helper.make_node(op, names, list(outputs), **(attrs or {}))
+    m = model(node, {k: v for k, v in feeds.items() if v is not None}, list(outputs),
+              initializers={k: v for k, v in consts.items() if v is not None}, opset=opset)
+    return assert_matches(m, {k: v for k, v in feeds.items() if v is not None}, oracle=oracle, **kw)
+
+
+def plan_error(op, feeds, consts=None, attrs=None, outputs=("out",), opset=17, name="the_node",
+               error=ShapeError):
+    consts = consts or {}
+    names = [n if (feeds.get(n) is not None or consts.get(n) is not None) else ""
+             for n in list(feeds) + list(consts)]
+    node = helper.make_node(op, names, list(outputs), name=name, **(attrs or {}))
+    m = model(node, feeds, list(outputs), initializers={k: v for k, v in consts.items() if v is not None},
+              opset=opset)
+    with pytest.raises(error, match=name) as info:
+        edgetrain.InferenceSession(m.SerializeToString()).program(feeds)
+    return info.value
+
+
+def test_every_tensor_op_is_covered():
+    tested = {"Constant", "ConstantOfShape", "Shape", "Size", "Cast", "Concat", "Dropout", "Expand",
+              "Flatten", "Gather", "Identity", "Pad", "Reshape", "Resize", "Slice", "Split", "Squeeze",
+              "Transpose", "Unsqueeze"}
+    assert {op.op_type for op in tensor.OPS} <= tested
+
+
+# --- views -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("src, shape, allowzero", [
+    ((2, 3, 4), (0, -1), 0),
+    ((2, 3, 4), (-1,), 0),
+    ((2, 3, 4), (4, 0, 2), 0),
+    ((2, 3, 4), (2, -1, 2, 1), 0),
+    ((6,), (1, 2, 1, 3), 0),
+    ((0, 3), (3, 0), 1),
+    ((0, 3), (-1, 3), 0),
+    ((2, 3), (3, 2), 1),
+])
+def test_reshape(src, shape, allowzero):
+    check("Reshape", {"x": rand(src)}, {"shape": i64(*shape)}, {"allowzero": allowzero})
+
+
+def test_reshape_of_intermediate_feeds_elementwise():
+    x = rand((2, 3, 4))
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["v"]),
+             helper.make_node("Add", ["v", "b"], ["out"])]
+    m = model(nodes, {"x": x}, ["out", "v"], initializers={"s": i64(6, 4), "b": rand((4,), key="b")})
+    assert_matches(m, {"x": x})
+
+
+@pytest.mark.parametrize("shape, axis", [((2, 3, 4), 0), ((2, 3, 4), 1), ((2, 3, 4), 2), ((2, 3, 4), 3),
+                                         ((2, 3, 4), -1), ((2, 3, 4), -3), ((5,), 1)])
+def test_flatten(shape, axis):
+    check("Flatten", {"x": rand(shape)}, attrs={"axis": axis})
+
+
+@pytest.mark.parametrize("shape, axes", [((1, 3, 1, 2), None), ((1, 3, 1, 2), (-2,)), ((1, 3, 1, 2), (0, 2)),
+                                         ((3, 1), (-1,))])
+def test_squeeze(shape, axes):
+    check("Squeeze", {"x": rand(shape)}, {"axes": None if axes is None else i64(*axes)})
+
+
+@pytest.mark.parametrize("shape, axes", [((3, 2), (0,)), ((3, 2), (-1,)), ((3, 2), (0, -1)), ((3, 2), (1, 3)),
+                                         ((), (0,))])
+def test_unsqueeze(shape, axes):
+    check("Unsqueeze", {"x": rand(shape)}, {"axes": i64(*axes)})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_])
+def test_identity(dtype):
+    check("Identity", {"x": rand((3, 4), dtype)})
+
+
+# --- copies ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape, perm", [((2, 3, 4), None), ((2, 3, 4), (1, 0, 2)),
+                                         ((2, 3, 4, 5), (0, 2, 3, 1)), ((3,), None)])
+def test_transpose(shape, perm):
+    check("Transpose", {"x": rand(shape)}, attrs={} if perm is None else {"perm": perm})
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1, -2])
+def test_concat(axis):
+    base = [2, 3, 4]
+    shapes = []
+    for k in range(3):
+        s = list(base)
+        s[axis] = k + 1
+        shapes.append(tuple(s))
+    check("Concat", {f"x{k}": rand(s, key=k) for k, s in enumerate(shapes)}, attrs={"axis": axis})
+
+
+def test_concat_with_a_constant_and_int64():
+    check("Concat", {"x": rand((2, 3), np.int64)}, {"c": rand((1, 3), np.int64, key="c")}, {"axis": 0})
+
+
+@pytest.mark.parametrize("shape, axis, split, n", [
+    ((6, 4), 0, (1, 2, 3), 3),
+    ((6, 4), -1, (3, 1), 2),
+    ((6, 4), 0, None, 3),
+    ((2, 9), 1, (0, 9), 2),
+])
+def test_split(shape, axis, split, n):
+    outs = tuple(f"y{k}" for k in range(n))
+    check("Split", {"x": rand(shape)}, {"split": None if split is None else i64(*split)}, {"axis": axis},
+          outputs=outs)
+
+
+@pytest.mark.parametrize("dim, n", [(6, 3), (7, 3), (5, 2), (8, 3)])
+def test_split_num_outputs_opset18(dim, n):
+    outs = tuple(f"y{k}" for k in range(n))
+    ours = check("Split", {"x": rand((2, dim))}, attrs={"axis": 1, "num_outputs": n}, outputs=outs, opset=18)
+    assert [o.shape[1] for o in ours][:-1] == [-(-dim // n)] * (n - 1)
+
+
+def test_split_only_some_outputs_used():
+    x = rand((6, 2))
+    nodes = [helper.make_node("Split", ["x", "s"], ["a", "b", "c"]), helper.make_node("Neg", ["b"], ["out"])]
+    assert_matches(model(nodes, {"x": x}, ["out"], initializers={"s": i64(1, 2, 3)}), {"x": x})
+
+
+@pytest.mark.parametrize("starts, ends, axes, steps", [
+    ((1, 0), (3, 2), None, None),
+    ((-3,), (-1,), (1,), None),
+    ((0,), (I64_MAX,), (-1,), (2,)),
+    ((-1,), (I64_MIN,), (0,), (-1,)),
+    ((10,), (0,), (2,), (-2,)),
+    ((3, -1), (0, -100), (0, 2), (-1, -2)),
+    ((2,), (1,), (0,), None),                       # empty
+    ((1, 1), (100, 3), (-1, 0), (3, 1)),
+])
+def test_slice(starts, ends, axes, steps):
+    consts = {"starts": i64(*starts), "ends": i64(*ends), "axes": None if axes is None else i64(*axes),
+              "steps": None if steps is None else i64(*steps)}
+    if steps is not None and axes is None:
+        consts["axes"] = i64(*range(len(starts)))
+    check("Slice", {"x": rand((4, 5, 6))}, consts)
+
+
+def test_slice_negative_step_start_before_beginning():
+    """The spec clamps starts to [0, dim - 1] for negative steps: one element. numpy slicing (hence the
+    reference evaluator) gives none; onnxruntime follows the spec."""
+    consts = {"starts": i64(-100), "ends": i64(I64_MIN), "axes": i64(1), "steps": i64(-1)}
+    assert check("Slice", {"x": rand((4, 5, 6))}, consts, oracle=run_onnxruntime)[0].shape == (4, 1, 6)
+
+
+def test_slice_int32_params():
+    check("Slice", {"x": rand((4, 5))}, {"starts": np.array([1], np.int32), "ends": np.array([-1], np.int32),
+                                         "axes": np.array([1], np.int32)})
+
+
+@pytest.mark.parametrize("axis, idx", [
+    (0, np.array([2, 0, -1], np.int64)),
+    (1, np.array([[0, -2], [3, 1]], np.int64)),
+    (-1, np.array([-5, 4], np.int32)),
+    (0, np.array(1, np.int64)),
+])
+def test_gather(axis, idx):
+    check("Gather", {"x": rand((4, 5, 5)), "i": idx}, attrs={"axis": axis})
+
+
+def test_gather_constant_table_fed_indices():
+    table = rand((10, 3))
+    idx = np.array([[1, 9], [-1, 0]], np.int64)
+    node = helper.make_node("Gather", ["w", "i"], ["out"])
+    assert_matches(model(node, {"i": idx}, ["out"], initializers={"w": table}), {"i": idx})
+
+
+def test_gather_out_of_range_index_raises():
+    table, idx = rand((4, 3)), np.array([4], np.int64)
+    node = helper.make_node("Gather", ["w", "i"], ["out"], name="g")
+    with pytest.raises(IndexError, match="g"):
+        run_edgetrain(model(node, {"w": table, "i": idx}, ["out"]), {"w": table, "i": idx})
+
+
+@pytest.mark.parametrize("src, shape", [((3, 1), (2, 1, 4)), ((3, 1), (3, 4)), ((1,), (2, 3)),
+                                        ((2, 3), (1, 1)), ((), (2, 2))])
+def test_expand(src, shape):
+    check("Expand", {"x": rand(src)}, {"shape": i64(*shape)})
+
+
+@pytest.mark.parametrize("mode, pads, value", [
+    ("constant", (1, 0, 2, 3), 1.5),
+    ("constant", (0, 2, 1, 0), None),
+    ("reflect", (2, 1, 1, 2), None),
+    ("edge", (1, 3, 2, 0), None),
+])
+def test_pad(mode, pads, value):
+    consts = {"pads": i64(*pads), "value": None if value is None else np.array(value, np.float32)}
+    check("Pad", {"x": rand((3, 4))}, consts, {"mode": mode})
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect"])
+def test_pad_negative(mode):
+    """Negative pads crop; onnxruntime is the oracle (numpy.pad, hence the reference, rejects them)."""
+    consts = {"pads": i64(-1, 2, 1, -2), "value": np.array(2.0, np.float32) if mode == "constant" else None}
+    check("Pad", {"x": rand((4, 5))}, consts, {"mode": mode}, oracle=run_onnxruntime)
+
+
+def test_pad_axes_opset18():
+    check("Pad", {"x": rand((2, 3, 4))}, {"pads": i64(1, 2, 0, 1), "value": np.array(-1.0, np.float32),
+                                          "axes": i64(-1, 0)}, {"mode": "constant"}, opset=18)
+
+
+@pytest.mark.parametrize("mode", ["wrap", "reflect", "edge"])
+def test_pad_3d_and_wrap_opset19(mode):
+    check("Pad", {"x": rand((2, 3, 4))}, {"pads": i64(1, 2, 3, 1, 0, 2)}, {"mode": mode}, opset=19)
+
+
+def test_pad_int64_constant():
+    check("Pad", {"x": rand((2, 3), np.int64)}, {"pads": i64(1, 1, 1, 1), "value": np.array(7, np.int64)})
+
+
+@pytest.mark.parametrize("src, to", [
+    (np.float32, TensorProto.INT64), (np.float32, TensorProto.INT32), (np.int64, TensorProto.FLOAT),
+    (np.float32, TensorProto.BOOL), (np.bool_, TensorProto.FLOAT), (np.int64, TensorProto.BOOL),
+    (np.bool_, TensorProto.INT64), (np.float64, TensorProto.FLOAT), (np.float32, TensorProto.DOUBLE),
+    (np.int32, TensorProto.INT64),
+])
+def test_cast(src, to):
+    x = rand((3, 5), src) * (3 if np.dtype(src).kind == "f" else 1)
+    if np.dtype(src).kind == "f":
+        x[0, :3] = [0.0, -0.0, 2.5]
+    elif np.dtype(src).kind == "i":
+        x[0, 0] = 0
+    check("Cast", {"x": x}, attrs={"to": to})
+
+
+# --- folded when planning ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("attrs", [{}, {"start": 1}, {"end": -1}, {"start": -2, "end": 3}, {"start": 5},
+                                   {"start": -10, "end": 10}])
+def test_shape(attrs):
+    check("Shape", {"x": rand((2, 3, 4, 5))}, attrs=attrs, opset=17)
+
+
+def test_shape_feeds_reshape_and_size():
+    """Shape arithmetic around Reshape (what exporters emit) folds; Size too."""
+    x = rand((2, 3, 4))
+    nodes = [helper.make_node("Shape", ["x"], ["s"], end=1),
+             helper.make_node("Concat", ["s", "m1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["out"]),
+             helper.make_node("Size", ["x"], ["n"])]
+    m = model(nodes, {"x": x}, ["out", "n"], initializers={"m1": i64(-1)})
+    assert_matches(m, {"x": x})
+    assert edgetrain.InferenceSession(m.SerializeToString()).program({"x": x}).plan.n_kernels == 0
+
+
+@pytest.mark.parametrize("value", [None, np.array([3], np.int64), np.array([1.5], np.float32),
+                                   np.array([True])])
+def test_constant_of_shape(value):
+    attrs = {} if value is None else {"value": numpy_helper.from_array(value)}
+    node = helper.make_node("ConstantOfShape", ["s"], ["out"], **attrs)
+    assert_matches(model(node, {}, ["out"], initializers={"s": i64(2, 3)}), {})
+
+
+def test_constant_of_shape_from_shape_of_input():
+    x = rand((4, 2))
+    two = helper.make_tensor("v", TensorProto.FLOAT, [1], [2.0])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("ConstantOfShape", ["s"], ["z"], value=two),
+             helper.make_node("Add", ["x", "z"], ["out"])]
+    assert_matches(model(nodes, {"x": x}, ["out"]), {"x": x})
+
+
+@pytest.mark.parametrize("attrs", [
+    {"value": numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3))},
+    {"value_float": 2.5}, {"value_floats": [1.0, 2.0]}, {"value_int": 7}, {"value_ints": [1, 2, 3]},
+])
+def test_constant(attrs):
+    nodes = [helper.make_node("Constant", [], ["c"], **attrs), helper.make_node("Identity", ["c"], ["out"])]
+    assert_matches(model(nodes, {}, ["out"]), {})
+
+
+# --- Dropout -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ratio", [0.3, 0.75])
+@pytest.mark.parametrize("with_mask", [True, False])
+def test_dropout_training(ratio, with_mask):
+    x = (np.abs(rand((64, 128))) + 0.5).astype(np.float32)     # nonzero, so the mask shows in y
+    outs = ["y", "mask"] if with_mask else ["y"]
+    node = helper.make_node("Dropout", ["x", "r", "t"], outs, seed=3)
+    m = model(node, {"x": x}, outs, initializers={"r": np.array(ratio, np.float32), "t": np.array(True)})
+    sess = edgetrain.InferenceSession(m.SerializeToString())
+    results = [sess.run(None, {"x": x}) for _ in range(2)]
+    for res in results:
+        y = res[0]
+        mask = res[1] if with_mask else y != 0
+        assert y.dtype == np.float32 and y.shape == x.shape
+        if with_mask:
+            assert mask.dtype == np.bool_ and mask.shape == x.shape
+        np.testing.assert_allclose(y, x * mask / np.float32(1 - ratio), rtol=1e-6)
+        assert abs(mask.mean() - (1 - ratio)) < 0.02
+    assert not np.array_equal(results[0][0], results[1][0])      # a fresh mask every run
+
+
+def test_dropout_training_float64_and_default_ratio():
+    x = (np.abs(rand((50, 40), np.float64)) + 0.5)
+    node = helper.make_node("Dropout", ["x", "", "t"], ["y", "mask"])
+    m = model(node, {"x": x}, ["y", "mask"], initializers={"t": np.array(True)})
+    y, mask = run_edgetrain(m, {"x": x})
+    np.testing.assert_allclose(y, x * mask * 2.0)
+    assert abs(mask.mean() - 0.5) < 0.05
+
+
+@pytest.mark.parametrize("inputs", [("x",), ("x", "r"), ("x", "r", "f"), ("x", "r0", "t")])
+def test_dropout_inference_is_identity(inputs):
+    x = rand((4, 6))
+    node = helper.make_node("Dropout", list(inputs), ["y", "mask"])
+    consts = {"r": np.array(0.4, np.float32), "f": np.array(False), "r0": np.array(0.0, np.float32),
+              "t": np.array(True)}
+    m = model(node, {"x": x}, ["y", "mask"], initializers=consts)
+    y, mask = assert_matches(m, {"x": x})
+    np.testing.assert_array_equal(y, x)
+    assert mask.all()
+
+
+def test_dropout_ratio_one_rejected():
+    plan_error("Dropout", {"x": rand((3,))}, {"r": np.array(1.0, np.float32), "t": np.array(True)},
+               outputs=("y",))
+
+
+# --- Resize ------------------------------------------------------------------------------------------------
+
+COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def resize(x, scales=None, sizes=None, oracle=None, opset=19, **attrs):
+    """Check against onnxruntime, and the reference evaluator too except where it differs:
+
+    - with align_corners and half_pixel_symmetric it takes ``scale * length`` for the output length, not the
+      integer length the spec (and onnxruntime) use; with ``axes`` it fails;
+    - it computes coordinates in float64, onnxruntime (and edgetrain) in float32, so with a scale that float32
+      cannot represent (0.6, sizes 7/4) a nearest coordinate on an exact tie may round the other way.
+    """
+    consts = {"roi": None, "scales": None if scales is None else np.array(scales, np.float32),
+              "sizes": None if sizes is None else i64(*sizes)}
+    oracles = [oracle] if oracle else [run_onnxruntime]
+    exact = scales is not None and all(float(np.float32(s)) == s for s in scales)
+    if oracle is None and "axes" not in attrs and attrs.get("coordinate_transformation_mode") not in (
+            "align_corners", "half_pixel_symmetric") and (exact or attrs.get("mode") == "linear"):
+        oracles.append(run_reference)
+    for o in oracles:
+        ours = check("Resize", {"x": x}, consts, attrs, opset=opset, oracle=o, rtol=1e-5, atol=1e-5)
+    return ours
+
+
+@pytest.mark.parametrize("coords", COORDS)
+@pytest.mark.parametrize("nearest", NEAREST)
+@pytest.mark.parametrize("scales", [(1, 1, 2, 3), (1, 1, 0.5, 0.6), (1, 1, 1.7, 0.8)])
+def test_resize_nearest(coords, nearest, scales):
+    resize(rand((2, 3, 5, 7)), scales=scales, mode="nearest", coordinate_transformation_mode=coords,
+           nearest_mode=nearest)
+
+
+@pytest.mark.parametrize("coords", COORDS + ("half_pixel_symmetric",))
+@pytest.mark.parametrize("scales", [(1, 1, 2, 3), (1, 1, 0.5, 0.6), (1, 1, 1.7, 0.8)])
+def test_resize_linear(coords, scales):
+    resize(rand((2, 3, 5, 7)), scales=scales, mode="linear", coordinate_transformation_mode=coords)
+
+
+@pytest.mark.parametrize("coords", COORDS)
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_sizes(coords, mode):
+    resize(rand((1, 2, 4, 6)), sizes=(1, 2, 7, 3), mode=mode, coordinate_transformation_mode=coords)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("shape, scales", [((2, 3, 8), (1, 1, 1.5)), ((6, 4), (0.5, 2)), ((5,), (2.5,))])
+def test_resize_lower_ranks(mode, shape, scales):
+    # onnxruntime's linear Resize takes 2-D and 4-D X only
+    oracle = run_reference if len(shape) != 2 and mode == "linear" else None
+    resize(rand(shape), scales=scales, mode=mode, oracle=oracle)
+
+
+def test_resize_float32_scale_arithmetic():
+    """0.7f * 10 is 7 in float32 (onnxruntime) and 6.99999988 in float64."""
+    ours = resize(rand((1, 1, 10, 10)), scales=(1, 1, 0.7, 0.7), mode="nearest", oracle=run_onnxruntime)
+    assert ours[0].shape == (1, 1, 7, 7)
+
+
+def test_resize_nearest_int_and_every_axis():
+    """onnxruntime has no int64 Resize."""
+    resize(rand((2, 3, 4, 5), np.int64), scales=(2, 0.5, 1.5, 1), mode="nearest", oracle=run_reference)
+
+
+def test_resize_axes_and_keep_aspect_ratio():
+    """onnxruntime; the reference evaluator fails with axes (onnxruntime with negative axes and a policy)."""
+    resize(rand((1, 3, 4, 6)), sizes=(8, 9), axes=(2, 3), mode="linear")
+    resize(rand((1, 3, 4, 6)), sizes=(8, 9), axes=(-2, -1), mode="nearest")
+    x = rand((1, 3, 4, 6))
+    resize(x, sizes=(8, 9), axes=(2, 3), mode="nearest", keep_aspect_ratio_policy="not_larger")
+    resize(x, sizes=(8, 9), axes=(2, 3), mode="linear", keep_aspect_ratio_policy="not_smaller")
+    resize(rand((1, 3, 4, 6)), scales=(0.7, 1.5), axes=(3, 2), mode="nearest")
+
+
+def test_resize_roi_ignored_and_antialias_upsampling():
+    x = rand((1, 2, 4, 5))
+    node = helper.make_node("Resize", ["x", "roi", "sc"], ["out"], mode="linear", antialias=1)
+    consts = {"roi": np.array([0, 0, .2, .2, 1, 1, .8, .8], np.float32),
+              "sc": np.array([1, 1, 2, 1.5], np.float32)}
+    m = model(node, {"x": x}, ["out"], initializers=consts, opset=19)
+    assert_matches(m, {"x": x}, oracle=run_onnxruntime, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("coords", COORDS)
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_to_length_one(coords, mode):
+    resize(rand((1, 2, 4, 5)), sizes=(1, 2, 1, 3), mode=mode, coordinate_transformation_mode=coords)
+
+
+def test_resize_random_against_onnxruntime():
+    """Random shapes, scales / sizes and modes (300 such cases matched onnxruntime exactly when written)."""
+    rng = rng_for("resize-fuzz")
+    steps = (0.3, 0.5, 0.6, 0.7, 0.75, 1.0, 1.3, 1.5, 2.0, 2.5, 3.0)
+    for _ in range(40):
+        h, w = (int(v) for v in rng.integers(1, 9, 2))
+        attrs = {"mode": str(rng.choice(["nearest", "linear"])),
+                 "coordinate_transformation_mode": str(rng.choice(COORDS + ("half_pixel_symmetric",))),
+                 "nearest_mode": str(rng.choice(NEAREST))}
+        if rng.random() < 0.5:
+            scales = (1, 1, float(rng.choice(steps)), float(rng.choice(steps)))
+            if min(np.floor(np.float32(scales[2]) * h), np.floor(np.float32(scales[3]) * w)) < 1:
+                continue
+            resize(rand((1, 2, h, w)), scales=scales, oracle=run_onnxruntime, **attrs)
+        else:
+            sizes = (1, 2) + tuple(int(v) for v in rng.integers(1, 12, 2))
+            resize(rand((1, 2, h, w)), sizes=sizes, oracle=run_onnxruntime, **attrs)
+
+
+def test_resize_opset13_with_empty_scales():
+    x = rand((1, 1, 3, 3))
+    node = helper.make_node("Resize", ["x", "", "sc", "sz"], ["out"], mode="linear")
+    m = model(node, {"x": x}, ["out"], initializers={"sc": np.zeros(0, np.float32), "sz": i64(1, 1, 5, 4)},
+              opset=13)
+    assert_matches(m, {"x": x}, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("attrs, scales, sizes", [
+    ({"mode": "cubic"}, (1, 1, 2, 2), None),
+    ({"coordinate_transformation_mode": "tf_crop_and_resize"}, (1, 1, 2, 2), None),
+    ({"mode": "linear"}, (2, 1, 2, 2), None),
+    ({}, (1, 1, 2, 2), (1, 1, 4, 4)),
+    ({}, (1, 2, 2), None),
+    ({"nearest_mode": "nope"}, (1, 1, 2, 2), None),
+])
+def test_resize_rejected(attrs, scales, sizes):
+    consts = {"roi": None, "scales": None if scales is None else np.array(scales, np.float32),
+              "sizes": None if sizes is None else i64(*sizes)}
+    plan_error("Resize", {"x": rand((1, 1, 3, 3))}, consts, attrs, opset=19)
+
+
+# --- shape-rule errors -------------------------------------------------------------------------------------
+
+def test_reshape_incompatible():
+    err = plan_error("Reshape", {"x": rand((2, 3))}, {"shape": i64(4, -1)})
+    assert "cannot reshape" in str(err)
+    plan_error("Reshape", {"x": rand((2, 3))}, {"shape": i64(7)})
+    plan_error("Reshape", {"x": rand((2, 3))}, {"shape": i64(-1, -1)})
+    plan_error("Reshape", {"x": rand((2, 3))}, {"shape": i64(2, 0, 0)})
+    plan_error("Reshape", {"x": rand((2, 3))}, {"shape": i64(-2, -3)})
+
+
+def test_reshape_shape_must_be_constant():
+    x, s = rand((2, 3)), i64(3, 2)
+    plan_error("Reshape", {"x": x, "s": s}, name="the_node")
+
+
+def test_concat_mismatch():
+    err = plan_error("Concat", {"a": rand((2, 3)), "b": rand((2, 4))}, attrs={"axis": 0})
+    assert "differ outside axis" in str(err)
+    plan_error("Concat", {"a": rand((2, 3)), "b": rand((2, 3), np.float64)}, attrs={"axis": 0})
+    plan_error("Concat", {"a": rand((2, 3)), "b": rand((2,))}, attrs={"axis": 0})
+    plan_error("Concat", {"a": rand((2, 3))}, attrs={"axis": 2})
+
+
+def test_other_shape_errors():
+    plan_error("Flatten", {"x": rand((2, 3))}, attrs={"axis": 3})
+    plan_error("Squeeze", {"x": rand((2, 3))}, {"axes": i64(0)})
+    plan_error("Unsqueeze", {"x": rand((2, 3))}, {"axes": i64(0, 0)})
+    plan_error("Transpose", {"x": rand((2, 3))}, attrs={"perm": (0, 0)})
+    plan_error("Split", {"x": rand((5, 2))}, {"split": i64(2, 2)}, outputs=("a", "b"))
+    plan_error("Split", {"x": rand((5, 2))}, attrs={"num_outputs": 4}, outputs=("a", "b", "c", "d"), opset=18)
+    plan_error("Slice", {"x": rand((5, 2))}, {"starts": i64(0, 1), "ends": i64(2)})
+    plan_error("Slice", {"x": rand((5, 2))}, {"starts": i64(0), "ends": i64(2), "axes": i64(0),
+                                              "steps": i64(0)})
+    plan_error("Gather", {"x": rand((5, 2)), "i": i64(0)}, attrs={"axis": 2})
+    plan_error("Expand", {"x": rand((3, 2))}, {"shape": i64(4, 1)})
+    plan_error("Pad", {"x": rand((3, 2))}, {"pads": i64(0, -2, 0, -1)})
+    plan_error("Pad", {"x": rand((3, 2))}, {"pads": i64(0, 0, 0)})
+    plan_error("Pad", {"x": rand((1, 2))}, {"pads": i64(1, 0, 0, 0)}, {"mode": "reflect"})
+    plan_error("Cast", {"x": rand((3,))}, attrs={"to": 8}, error=EdgetrainError)   # strings
