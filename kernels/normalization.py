@@ -1,0 +1,236 @@
+"""Normalization kernels: a statistics kernel, then a normalizing kernel, per op.
+
+* Statistics (``_row_stats``, ``_channel_stats``) accumulate in float64, two passes (mean, then the centred
+  variance), with fastmath so the sums vectorize. They go to a float64 workspace of (mean, var or 1/std) pairs.
+* The normalizing pass runs in X's element type (float32 vectorizes twice as wide as float64) and **without**
+  fastmath: it computes ``((x - m32) - (m - m32)) * a + b`` where ``m32`` is the mean rounded to X's type.
+  ``x - m32`` is exact when x is near the mean, and the small correction keeps the float64 mean's digits, so a
+  float32 input with |mean| >> std still normalizes accurately. With fastmath this would be reassociated into
+  ``x - (m32 + (m - m32))`` = ``x - m32``, and the digits would be lost; fastmath would also leak into it if it
+  were inlined into a fastmath kernel, hence two separate kernels called from the launcher.
+
+Launchers view X as ``[N, C, inner]`` (batch/instance norm), ``[N * G, C/G * inner]`` rows (group norm
+statistics) or ``[rows, n]`` (layer norm). Absent optional outputs get a dummy made once, when the step is built.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from edgetrain.ops.normalization import group_norm_per_channel, layer_norm_axis, stash_dtype
+
+from ._jit import jit
+
+
+def _ncx(shape) -> tuple[int, int, int]:
+    return int(shape[0]), int(shape[1]), int(np.prod(shape[2:], dtype=np.int64))
+
+
+def _noop(*args):
+    """Empty tensors: nothing to compute (and no statistics to divide by zero)."""
+
+
+def _output_slot(ctx, k: int) -> int:
+    """Position of output ``k`` in the launcher's arguments, or -1 if the node omits it."""
+    outs = ctx.node.outputs
+    return len(ctx.node.inputs) + k if k < len(outs) and outs[k] else -1
+
+
+# --- statistics (fastmath, float64) -----------------------------------------------------------------------
+
+@jit(fastmath=True)
+def _row_stats(x, eps, stats):
+    """stats[r] = (mean, 1 / sqrt(var + eps)) of each row of x [rows, n] (biased variance)."""
+    rows, n = x.shape
+    for r in range(rows):
+        s = np.float64(0.0)   # float64 without the JIT too (numpy: 0.0 + float32 is float32)
+        for k in range(n):
+            s += x[r, k]
+        m = s / n
+        v = np.float64(0.0)
+        for k in range(n):
+            d = x[r, k] - m
+            v += d * d
+        stats[r, 0] = m
+        stats[r, 1] = 1.0 / math.sqrt(v / n + eps)
+
+
+@jit(fastmath=True)
+def _channel_stats(x, stats):
+    """stats[c] = (mean, biased var) of x[:, c, :] for x [N, C, inner]."""
+    n, c, inner = x.shape
+    count = n * inner
+    for ch in range(c):
+        s = np.float64(0.0)   # float64 without the JIT too (numpy: 0.0 + float32 is float32)
+        for i in range(n):
+            for k in range(inner):
+                s += x[i, ch, k]
+        m = s / count
+        v = np.float64(0.0)
+        for i in range(n):
+            for k in range(inner):
+                d = x[i, ch, k] - m
+                v += d * d
+        stats[ch, 0] = m
+        stats[ch, 1] = v / count
+
+
+# --- normalizing passes (no fastmath, X's type) -----------------------------------------------------------
+
+@jit
+def _normalize_channel(x, y, ch, m, a, bias):
+    """y[:, ch, :] = (x[:, ch, :] - m) * a + bias, with m split into X's type plus a correction."""
+    mt = y.dtype.type(m)
+    dt = y.dtype.type(m - mt)
+    at = y.dtype.type(a)
+    bt = y.dtype.type(bias)
+    for i in range(x.shape[0]):
+        for k in range(x.shape[2]):
+            y[i, ch, k] = ((x[i, ch, k] - mt) - dt) * at + bt
+
+
+@jit
+def _bn_apply(x, scale, b, mean, var, eps, y):
+    """Inference: per channel, y = (x - mean) * scale / sqrt(var + eps) + b."""
+    for ch in range(x.shape[1]):
+        _normalize_channel(x, y, ch, mean[ch], scale[ch] / math.sqrt(var[ch] + eps), b[ch])
+
+
+@jit
+def _bn_train_apply(x, scale, b, mean, var, stats, eps, momentum, y, running_mean, running_var, want_mean,
+                    want_var):
+    """Training: normalize with the batch statistics; running = input * momentum + batch * (1 - momentum)."""
+    for ch in range(x.shape[1]):
+        m = stats[ch, 0]
+        v = stats[ch, 1]
+        if want_mean:
+            running_mean[ch] = mean[ch] * momentum + m * (1.0 - momentum)
+        if want_var:
+            running_var[ch] = var[ch] * momentum + v * (1.0 - momentum)
+        _normalize_channel(x, y, ch, m, scale[ch] / math.sqrt(v + eps), b[ch])
+
+
+@jit
+def _layer_norm_apply(x, scale, b, has_bias, stats, y):
+    """y[r] = (x[r] - mean[r]) * inv[r] * scale + b."""
+    rows, n = x.shape
+    for r in range(rows):
+        m = stats[r, 0]
+        mt = y.dtype.type(m)
+        dt = y.dtype.type(m - mt)
+        it = y.dtype.type(stats[r, 1])
+        if has_bias:
+            for k in range(n):
+                y[r, k] = ((x[r, k] - mt) - dt) * it * scale[k] + b[k]
+        else:
+            for k in range(n):
+                y[r, k] = ((x[r, k] - mt) - dt) * it * scale[k]
+
+
+@jit
+def _group_norm_apply(x, scale, b, groups, per_channel, stats, y):
+    """y[i, c] = (x[i, c] - mean[i, g]) * inv[i, g] * scale[p] + b[p], g = c // (C / groups), p = c or g."""
+    n, c, inner = x.shape
+    cpg = c // groups
+    for i in range(n):
+        for ch in range(c):
+            g = ch // cpg
+            p = ch if per_channel else g
+            _normalize_channel(x[i:i + 1], y[i:i + 1], ch, stats[i * groups + g, 0],
+                               stats[i * groups + g, 1] * scale[p], b[p])
+
+
+@jit
+def _copy_stats(stats, col, out):
+    for r in range(out.shape[0]):
+        out[r] = stats[r, col]
+
+
+# --- launchers --------------------------------------------------------------------------------------------
+
+def batch_norm(ctx):
+    """y = (x - mean) / sqrt(var + eps) * scale + B per channel; in training mode with the batch's mean and
+    biased variance, and running = input * momentum + batch * (1 - momentum)."""
+    n, c, inner = _ncx(ctx.shape(0))
+    eps = float(ctx.attr("epsilon", 1e-5))
+    momentum = float(ctx.attr("momentum", 0.9))
+    training = bool(ctx.attr("training_mode", 0))
+    dummy = np.empty(c, ctx.type(3).dtype)
+    if n * c * inner == 0:
+        return _noop
+
+    if not training:
+        def run(x, scale, b, mean, var, y, *_):
+            _bn_apply(x.reshape(n, c, inner), scale.reshape(c), b.reshape(c), mean.reshape(c), var.reshape(c), eps,
+                      y.reshape(n, c, inner))
+        return run
+
+    y_at, rm_at, rv_at = (_output_slot(ctx, k) for k in range(3))
+
+    def run_training(*args):
+        x3 = args[0].reshape(n, c, inner)
+        stats = args[-1]
+        _channel_stats(x3, stats)
+        _bn_train_apply(x3, args[1].reshape(c), args[2].reshape(c), args[3].reshape(c), args[4].reshape(c), stats,
+                        eps, momentum, args[y_at].reshape(n, c, inner), args[rm_at] if rm_at >= 0 else dummy,
+                        args[rv_at] if rv_at >= 0 else dummy, rm_at >= 0, rv_at >= 0)
+    return run_training
+
+
+def layer_norm(ctx):
+    """Each row of X[axis:] (``n`` elements): y = (x - mean) / sqrt(var + eps) * scale + B (biased var)."""
+    shape = ctx.shape(0)
+    axis = layer_norm_axis(ctx)
+    rows = int(np.prod(shape[:axis], dtype=np.int64))
+    n = int(np.prod(shape[axis:], dtype=np.int64))
+    eps = float(ctx.attr("epsilon", 1e-5))
+    has_bias = ctx.has_input(2)
+    stash_dtype(ctx)
+    if rows * n == 0:
+        return _noop
+
+    y_at, mean_at, inv_at = (_output_slot(ctx, k) for k in range(3))
+    b_at = 2 if has_bias else 1   # without B, pass Scale again (unused)
+
+    def run(*args):
+        x2 = args[0].reshape(rows, n)
+        stats = args[-1]
+        _row_stats(x2, eps, stats)
+        _layer_norm_apply(x2, args[1].reshape(n), args[b_at].reshape(n), has_bias, stats, args[y_at].reshape(rows, n))
+        if mean_at >= 0:
+            _copy_stats(stats, 0, args[mean_at].reshape(rows))
+        if inv_at >= 0:
+            _copy_stats(stats, 1, args[inv_at].reshape(rows))
+    return run
+
+
+def group_norm(ctx):
+    """Per sample and group of C / num_groups channels: y = (x - mean) / sqrt(var + eps) * scale + bias,
+    scale/bias indexed by group (opset 18-20) or by channel (opset 21)."""
+    n, c, inner = _ncx(ctx.shape(0))
+    groups = int(ctx.attr("num_groups"))
+    per_channel = group_norm_per_channel(ctx)
+    eps = float(ctx.attr("epsilon", 1e-5))
+    if n * c * inner == 0:
+        return _noop
+
+    def run(x, scale, b, y, stats):
+        _row_stats(x.reshape(n * groups, c // groups * inner), eps, stats)
+        _group_norm_apply(x.reshape(n, c, inner), scale.reshape(-1), b.reshape(-1), groups, per_channel, stats,
+                          y.reshape(n, c, inner))
+    return run
+
+
+def instance_norm(ctx):
+    """Group normalization with one group per channel."""
+    n, c, inner = _ncx(ctx.shape(0))
+    eps = float(ctx.attr("epsilon", 1e-5))
+    if n * c * inner == 0:
+        return _noop
+
+    def run(x, scale, b, y, stats):
+        _row_stats(x.reshape(n * c, inner), eps, stats)
+        _group_norm_apply(x.reshape(n, c, inner), scale.reshape(c), b.reshape(c), c, True, stats,
+                          y.reshape(n, c, inner))
+    return run

@@ -1,0 +1,251 @@
+"""Softmax, LogSoftmax and SoftmaxCrossEntropyLoss: one fused kernel each (max, sum of exp, normalize).
+
+X is viewed as ``[outer, n, inner]`` with ``n`` the softmax axis. When ``inner == 1`` rows are contiguous and
+the max/sum stay in registers; otherwise a ``[2, inner]`` workspace holds them so every pass walks X in memory
+order. float32 uses ``fast_exp``, a polynomial exp that LLVM vectorizes (``math.exp`` is a scalar libm call,
+4-6x slower here), and sums in float32 vector lanes; float64 uses ``math.exp`` and float64 sums.
+
+LogSoftmax stores ``x - max`` first and subtracts ``log(sum)`` in a later pass: with fastmath in one
+expression, ``(x - max) - log(sum)`` may be reassociated into ``x - (max + log(sum))``, which loses digits in
+float32 for large scores.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import types
+from numba.extending import intrinsic, overload
+
+from edgetrain.ops.softmax import REDUCTIONS, sce_reduction, softmax_view
+
+from ._jit import FASTMATH, jit
+
+# Cephes expf: exp(x) = 2**n * exp(r), r = x - n*ln2 (ln2 split in two), |r| <= ln2/2, degree-7 polynomial.
+_LOG2E = 1.44269504088896341
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+_EXP_LO, _EXP_HI = -87.33654, 88.37626   # below: 0 (2**n would be subnormal); above: inf (2**n would overflow)
+
+
+def fast_exp(x):
+    """exp(x) within 3 ulp for float32 on [-87.3, 88.4] (0 below, inf above, NaN kept); float64: math.exp."""
+    return math.exp(x)
+
+
+@intrinsic
+def _int_bits_as_float32(typingctx, i):
+    """The float32 whose bit pattern is the low 32 bits of integer ``i``."""
+    if not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        if i.bitwidth != 32:
+            v = builder.trunc(v, context.get_value_type(types.int32))
+        return builder.bitcast(v, context.get_value_type(types.float32))
+    return types.float32(i), codegen
+
+
+def _exp32(x):
+    f = np.float32
+    xc = x if x > f(_EXP_LO) else f(_EXP_LO)      # NaN goes to _EXP_LO too, so n below is always an integer
+    xc = xc if xc < f(_EXP_HI) else f(_EXP_HI)
+    n = np.floor(xc * f(_LOG2E) + f(0.5))
+    r = xc - n * f(_LN2_HI) - n * f(_LN2_LO)
+    p = f(_EXP_POLY[0])
+    p = p * r + f(_EXP_POLY[1])
+    p = p * r + f(_EXP_POLY[2])
+    p = p * r + f(_EXP_POLY[3])
+    p = p * r + f(_EXP_POLY[4])
+    p = p * r + f(_EXP_POLY[5])
+    p = p * r * r + r + f(1.0)
+    e = p * _int_bits_as_float32((np.int32(n) + np.int32(127)) << np.int32(23))
+    return f(0.0) if x < f(_EXP_LO) else (f(np.inf) if x > f(_EXP_HI) else (e if x == x else x))
+
+
+@overload(fast_exp, jit_options={"fastmath": set(FASTMATH)})   # LLVM inlines it into the caller
+def _fast_exp_impl(x):
+    if x == types.float32:
+        return _exp32
+    return lambda x: math.exp(x)
+
+
+def softmax(ctx):
+    """y = exp(x - max) / sum(exp(x - max)) along the axis."""
+    return _launcher(ctx, False)
+
+
+def log_softmax(ctx):
+    """y = (x - max) - log(sum(exp(x - max))) along the axis."""
+    return _launcher(ctx, True)
+
+
+def _launcher(ctx, log: bool):
+    outer, n, inner = softmax_view(ctx)
+    if outer * n * inner == 0:
+        def run_empty(x, y, *ws):
+            pass
+        return run_empty
+    if inner == 1:
+        def run_rows(x, y):
+            _softmax_rows(x.reshape(outer, n), y.reshape(outer, n), log)
+        return run_rows
+
+    def run_strided(x, y, ws):
+        _softmax_strided(x.reshape(outer, n, inner), y.reshape(outer, n, inner), ws, log)
+    return run_strided
+
+
+@jit
+def _row_max(row):
+    """max(row) with 8 running maxima, which LLVM vectorizes without reordering a reduction (no nnan flag)."""
+    n = row.shape[0]
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = row[0]
+    k = 0
+    while k + 8 <= n:
+        a0 = row[k] if row[k] > a0 else a0
+        a1 = row[k + 1] if row[k + 1] > a1 else a1
+        a2 = row[k + 2] if row[k + 2] > a2 else a2
+        a3 = row[k + 3] if row[k + 3] > a3 else a3
+        a4 = row[k + 4] if row[k + 4] > a4 else a4
+        a5 = row[k + 5] if row[k + 5] > a5 else a5
+        a6 = row[k + 6] if row[k + 6] > a6 else a6
+        a7 = row[k + 7] if row[k + 7] > a7 else a7
+        k += 8
+    m = max(max(max(a0, a1), max(a2, a3)), max(max(a4, a5), max(a6, a7)))
+    while k < n:
+        m = row[k] if row[k] > m else m
+        k += 1
+    return m
+
+
+@jit(fastmath=True)
+def _softmax_rows(x, y, log):
+    rows, n = x.shape
+    for r in range(rows):
+        m = _row_max(x[r])
+        s = y.dtype.type(0.0)
+        if log:
+            for k in range(n):
+                d = x[r, k] - m
+                y[r, k] = d
+                s += fast_exp(d)
+            ls = y.dtype.type(math.log(s))
+            for k in range(n):
+                y[r, k] -= ls
+        else:
+            for k in range(n):
+                e = fast_exp(x[r, k] - m)
+                y[r, k] = e
+                s += e
+            inv = y.dtype.type(1.0) / s
+            for k in range(n):
+                y[r, k] *= inv
+
+
+@jit(fastmath=True)
+def _softmax_strided(x, y, ws, log):
+    outer, n, inner = x.shape
+    mx = ws[0]
+    s = ws[1]
+    for o in range(outer):
+        for i in range(inner):
+            mx[i] = x[o, 0, i]
+            s[i] = 0.0
+        for k in range(1, n):
+            for i in range(inner):
+                if x[o, k, i] > mx[i]:
+                    mx[i] = x[o, k, i]
+        for k in range(n):
+            for i in range(inner):
+                d = x[o, k, i] - mx[i]
+                e = fast_exp(d)
+                s[i] += e
+                y[o, k, i] = d if log else e
+        if log:
+            for i in range(inner):
+                s[i] = math.log(s[i])
+            for k in range(n):
+                for i in range(inner):
+                    y[o, k, i] -= s[i]
+        else:
+            for i in range(inner):
+                s[i] = 1.0 / s[i]
+            for k in range(n):
+                for i in range(inner):
+                    y[o, k, i] *= s[i]
+
+
+# --- SoftmaxCrossEntropyLoss ------------------------------------------------------------------------------
+
+def softmax_cross_entropy(ctx):
+    """log_prob = LogSoftmax(scores, axis=1); loss[i, d] = -log_prob[i, label, d] * w[label] (0 where
+    label == ignore_index), then summed, or divided by the sum of the weights of the non-ignored samples."""
+    shape = ctx.shape(0)
+    n, c = int(shape[0]), int(shape[1])
+    d = int(np.prod(shape[2:], dtype=np.int64))
+    reduction = REDUCTIONS.index(sce_reduction(ctx))
+    ignore = ctx.attr("ignore_index", None)
+    has_ignore = ignore is not None
+    ignore = int(ignore) if has_ignore else 0
+    has_weights = ctx.has_input(2)
+    n_in = len(ctx.node.inputs)
+    want_log_prob = len(ctx.node.outputs) > 1 and bool(ctx.node.outputs[1])
+    dummy_lp = np.empty((1, 1, 1), ctx.type(0).dtype)
+    dummy_w = np.ones(1, ctx.type(0).dtype)
+    label_shape = (n,) + tuple(shape[2:])
+
+    def run(*args):
+        scores, labels = args[0], args[1]
+        weights = args[2] if has_weights else dummy_w
+        loss = args[n_in]
+        log_prob = args[n_in + 1].reshape(n, c, d) if want_log_prob else dummy_lp
+        bad = _sce(scores.reshape(n, c, d), labels.reshape(n, d), weights, has_weights, has_ignore, ignore,
+                   reduction, loss.reshape(-1), log_prob, want_log_prob)
+        if bad >= 0:
+            where = np.unravel_index(bad, label_shape)
+            raise IndexError(f"{ctx.node}: label {int(labels.reshape(-1)[bad])} at index {tuple(map(int, where))} "
+                             f"is out of range [0, {c})" + (f" and is not ignore_index {ignore}" if has_ignore else ""))
+    return run
+
+
+@jit
+def _sce(x, labels, weights, has_weights, has_ignore, ignore, reduction, loss, log_prob, want_log_prob):
+    """Returns the flat index of the first out-of-range label, or -1."""
+    n, c, d = x.shape
+    for i in range(n):
+        for j in range(d):
+            lab = labels[i, j]
+            if (lab < 0 or lab >= c) and not (has_ignore and lab == ignore):
+                return i * d + j
+    total = np.float64(0.0)
+    wsum = np.float64(0.0)
+    for i in range(n):
+        for j in range(d):
+            m = np.float64(x[i, 0, j])   # float64 without the JIT too (numpy: float32 - 0.5 is float32)
+            for k in range(1, c):
+                if x[i, k, j] > m:
+                    m = np.float64(x[i, k, j])
+            s = 0.0
+            for k in range(c):
+                s += math.exp(x[i, k, j] - m)
+            ls = math.log(s)
+            if want_log_prob:
+                for k in range(c):
+                    log_prob[i, k, j] = (x[i, k, j] - m) - ls
+            lab = labels[i, j]
+            li = 0.0
+            w = 0.0
+            if not (has_ignore and lab == ignore):
+                w = weights[lab] if has_weights else 1.0
+                li = -((x[i, lab, j] - m) - ls) * w
+            if reduction == 0:
+                loss[i * d + j] = li
+            total += li
+            wsum += w
+    if reduction == 1:
+        loss[0] = total
+    elif reduction == 2:
+        loss[0] = total / wsum if wsum != 0.0 else math.nan  # all ignored: 0 / 0, as onnxruntime
+    return -1

@@ -1,0 +1,107 @@
+"""ReduceSum, ReduceMean, ReduceMax, ReduceMin against onnxruntime and the ONNX reference evaluator."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from edgetrain.errors import ShapeError
+from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference
+
+OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"]
+AXES = [(1,), (-1,), (0, 2), (2, 0, 1), (-2, 3)]
+
+
+def _node(op, opset, axes, **attrs):
+    """Axes as an attribute where the opset says so (ReduceSum < 13, the others < 18), else as an input."""
+    inits = {}
+    inputs = ["x"]
+    attr_opset = 13 if op == "ReduceSum" else 18
+    if axes is not None:
+        if opset < attr_opset:
+            attrs["axes"] = list(axes)
+        else:
+            inputs.append("axes")
+            inits["axes"] = np.array(axes, np.int64)
+    return helper.make_node(op, inputs, ["y"], **attrs), inits
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("axes", AXES)
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reduce(op, opset, axes, keepdims):
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((3, 4, 2, 5)).astype(np.float32)}
+    node, inits = _node(op, opset, axes, keepdims=keepdims)
+    m = model(node, feeds, ["y"], initializers=inits, opset=opset)
+    assert_matches(m, feeds, oracle=run_onnxruntime)
+    assert_matches(m, feeds, oracle=run_reference)
+
+
+@pytest.mark.parametrize("op,dtype", [(op, dt) for op in OPS for dt in (np.float64, np.int32, np.int64)
+                                      if op != "ReduceMean" or dt == np.float64])   # ReduceMean: floats only
+@pytest.mark.parametrize("axes", [(0, 2), (1,), (2,)])
+def test_reduce_dtypes(op, dtype, axes):
+    rng = np.random.default_rng(1)
+    feeds = {"x": (rng.standard_normal((4, 3, 6)) * 10).astype(dtype)}
+    node, inits = _node(op, 18, axes, keepdims=0)
+    assert_matches(model(node, feeds, ["y"], initializers=inits, opset=18), feeds, oracle=run_onnxruntime)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("empty_axes_input", [False, True])
+def test_reduce_all_axes_when_none_given(op, keepdims, empty_axes_input):
+    feeds = {"x": np.random.default_rng(2).standard_normal((3, 4, 5)).astype(np.float32)}
+    inputs, inits = ["x"], {}
+    if empty_axes_input:
+        inputs.append("axes")
+        inits["axes"] = np.zeros(0, np.int64)
+    m = model(helper.make_node(op, inputs, ["y"], keepdims=keepdims), feeds, ["y"], initializers=inits, opset=18)
+    assert_matches(m, feeds, oracle=run_onnxruntime)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("empty_axes_input", [False, True])
+def test_reduce_noop_with_empty_axes(op, empty_axes_input):
+    feeds = {"x": np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)}
+    inputs, inits = ["x"], {}
+    if empty_axes_input:
+        inputs.append("axes")
+        inits["axes"] = np.zeros(0, np.int64)
+    m = model(helper.make_node(op, inputs, ["y"], noop_with_empty_axes=1), feeds, ["y"], initializers=inits,
+              opset=18)
+    ours = assert_matches(m, feeds, oracle=run_onnxruntime)
+    np.testing.assert_array_equal(ours[0], feeds["x"])
+
+
+def test_reduce_mean_large_rows_float32():
+    """A long float32 row still matches to ~1e-5 relative (numpy sums it pairwise)."""
+    x = np.random.default_rng(4).uniform(0.5, 1.5, (4, 20000)).astype(np.float32)
+    m = model(helper.make_node("ReduceMean", ["x"], ["y"], axes=[1]), {"x": x}, ["y"], opset=13)
+    assert_matches(m, {"x": x}, oracle=run_onnxruntime)
+
+
+@pytest.mark.parametrize("op,np_op", [("ReduceMax", np.max), ("ReduceMin", np.min)])
+@pytest.mark.parametrize("axes", [(0,), (1,), (2,), (0, 2)])
+def test_reduce_max_min_propagate_nan(op, np_op, axes):
+    """NaN in, NaN out, as numpy does (onnxruntime's answer depends on where the NaN sits)."""
+    x = np.random.default_rng(5).standard_normal((3, 4, 2)).astype(np.float32)
+    x[1, 2, 0] = x[0, 0, 1] = np.nan
+    node, inits = _node(op, 18, axes, keepdims=1)
+    (y,) = run_edgetrain(model(node, {"x": x}, ["y"], initializers=inits, opset=18), {"x": x})
+    np.testing.assert_array_equal(y, np_op(x, axis=axes, keepdims=True))
+
+
+def test_reduce_max_of_nothing_is_minus_inf():
+    feeds = {"x": np.zeros((3, 0), np.float32)}
+    node, inits = _node("ReduceMax", 18, (1,), keepdims=0)
+    (y,) = run_edgetrain(model(node, feeds, ["y"], initializers=inits, opset=18), feeds)
+    np.testing.assert_array_equal(y, np.full(3, -np.inf, np.float32))
+
+
+@pytest.mark.parametrize("axes", [(3,), (1, -2)])
+def test_reduce_bad_axes(axes):
+    x = np.zeros((2, 3, 4), np.float32)
+    node, inits = _node("ReduceSum", 13, axes)
+    with pytest.raises(ShapeError, match="axis|axes"):
+        run_edgetrain(model(node, {"x": x}, ["y"], initializers=inits, opset=13), {"x": x})

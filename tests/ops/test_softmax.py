@@ -1,0 +1,119 @@
+"""Softmax, LogSoftmax and SoftmaxCrossEntropyLoss against onnxruntime and the ONNX reference evaluator."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from edgetrain.errors import ShapeError
+from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference
+
+FLOATS = [np.float32, np.float64]
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("axis", [None, -1, 0, 1, -2])
+def test_softmax(op, dtype, axis):
+    rng = np.random.default_rng(0)
+    feeds = {"x": (rng.standard_normal((3, 5, 4)) * 4).astype(dtype)}
+    attrs = {} if axis is None else {"axis": axis}
+    m = model(helper.make_node(op, ["x"], ["y"], **attrs), feeds, ["y"], opset=13)
+    assert_matches(m, feeds, oracle=run_onnxruntime)
+    assert_matches(m, feeds, oracle=run_reference)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_large_values_and_1d(op):
+    feeds = {"x": np.array([1000.0, 1001.0, -1000.0, 999.5, 0.0], np.float32)}
+    m = model(helper.make_node(op, ["x"], ["y"]), feeds, ["y"], opset=17)
+    ours = assert_matches(m, feeds, oracle=run_onnxruntime)
+    assert np.all(np.isfinite(ours[0]))
+
+
+def test_softmax_axis_out_of_range():
+    x = np.zeros((2, 3), np.float32)
+    m = model(helper.make_node("Softmax", ["x"], ["y"], axis=2), {"x": x}, ["y"])
+    with pytest.raises(ShapeError, match="axis 2"):
+        run_edgetrain(m, {"x": x})
+
+
+# --- SoftmaxCrossEntropyLoss ------------------------------------------------------------------------------
+
+def _sce_case(shape, dtype=np.float32, label_dtype=np.int64, weights=False, ignore_index=None, seed=0):
+    rng = np.random.default_rng(seed)
+    n, c = shape[:2]
+    labels = rng.integers(0, c, (n,) + shape[2:]).astype(label_dtype)
+    if ignore_index is not None:
+        labels.reshape(-1)[::3] = ignore_index
+    feeds = {"x": (rng.standard_normal(shape) * 2).astype(dtype), "labels": labels}
+    if weights:
+        feeds["w"] = rng.uniform(0.2, 2.0, c).astype(dtype)
+    return feeds
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("weights", [False, True])
+@pytest.mark.parametrize("ignore_index", [None, 1, -100])
+@pytest.mark.parametrize("shape", [(6, 5), (3, 4, 2, 3)])
+def test_sce(reduction, weights, ignore_index, shape):
+    feeds = _sce_case(shape, weights=weights, ignore_index=ignore_index)
+    attrs = {"reduction": reduction}
+    if ignore_index is not None:
+        attrs["ignore_index"] = ignore_index
+    inputs = ["x", "labels"] + (["w"] if weights else [])
+    node = helper.make_node("SoftmaxCrossEntropyLoss", inputs, ["loss", "log_prob"], **attrs)
+    m = model(node, feeds, ["loss", "log_prob"], opset=13)
+    assert_matches(m, feeds, oracle=run_onnxruntime)
+    assert_matches(m, feeds, oracle=run_reference)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("label_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("shape", [(8, 10), (2, 3, 5)])
+def test_sce_loss_only(dtype, label_dtype, shape):
+    feeds = _sce_case(shape, dtype, label_dtype, weights=True, seed=1)
+    node = helper.make_node("SoftmaxCrossEntropyLoss", ["x", "labels", "w"], ["loss"])
+    m = model(node, feeds, ["loss"], opset=17)
+    assert_matches(m, feeds, oracle=run_onnxruntime)
+
+
+def test_sce_all_ignored_mean_is_nan():
+    feeds = {"x": np.ones((2, 3), np.float32), "labels": np.array([2, 2], np.int64)}
+    node = helper.make_node("SoftmaxCrossEntropyLoss", ["x", "labels"], ["loss"], ignore_index=2)
+    (loss,) = run_edgetrain(model(node, feeds, ["loss"]), feeds)
+    assert loss.shape == () and np.isnan(loss)
+
+
+@pytest.mark.parametrize("bad", [4, -1])
+def test_sce_label_out_of_range_raises(bad):
+    feeds = {"x": np.zeros((3, 4), np.float32), "labels": np.array([0, bad, 2], np.int64)}
+    node = helper.make_node("SoftmaxCrossEntropyLoss", ["x", "labels"], ["loss"], ignore_index=-100,
+                            name="the_loss")
+    with pytest.raises(IndexError, match=rf"'the_loss'.*label {bad} at index \(1,\) is out of range \[0, 4\)"):
+        run_edgetrain(model(node, feeds, ["loss"]), feeds)
+
+
+def test_sce_labels_shape_checked():
+    feeds = {"x": np.zeros((3, 4), np.float32), "labels": np.zeros((4,), np.int64)}
+    node = helper.make_node("SoftmaxCrossEntropyLoss", ["x", "labels"], ["loss"])
+    with pytest.raises(ShapeError, match="labels must have shape"):
+        run_edgetrain(model(node, feeds, ["loss"]), feeds)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_softmax_of_a_constant_is_folded(op, axis):
+    rng = np.random.default_rng(3)
+    feeds = {"a": rng.standard_normal((3, 4)).astype(np.float32)}
+    inits = {"c": rng.standard_normal((3, 4)).astype(np.float32)}
+    nodes = [helper.make_node(op, ["c"], ["s"], axis=axis), helper.make_node("Add", ["a", "s"], ["y"])]
+    assert_matches(model(nodes, feeds, ["y"], initializers=inits), feeds, oracle=run_onnxruntime)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_softmax_nan_stays_nan(op, axis):
+    """A NaN poisons its own row (axis -1) or column (axis 0), as in onnxruntime, and nothing else."""
+    x = np.array([[1.0, np.nan, 3.0], [1.0, 2.0, 3.0], [np.nan, 0.0, 1.0]], np.float32)
+    (y,) = run_edgetrain(model(helper.make_node(op, ["x"], ["y"], axis=axis), {"x": x}, ["y"]), {"x": x})
+    bad = np.isnan(x).any(axis=axis, keepdims=True)
+    np.testing.assert_array_equal(np.isnan(y), np.broadcast_to(bad, x.shape))
