@@ -106,7 +106,9 @@ def to_graph(model) -> Graph:
         to_numpy(t.data_type, f"initializer '{t.name}'")
         initializers[t.name] = numpy_helper.to_array(t)
     inputs = [Value(vi.name, _tensor_type(vi, "graph input")) for vi in g.input if vi.name not in initializers]
-    outputs = [Value(vi.name, _tensor_type(vi, "graph output")) for vi in g.output]
+    # an output declared without any type (``make_empty_tensor_value_info``) gets its type when planning
+    outputs = [Value(vi.name, _tensor_type(vi, "graph output") if vi.type.WhichOneof("value") else None)
+               for vi in g.output]
     nodes = []
     for i, n in enumerate(g.node):
         node = Node(n.op_type, list(n.input), list(n.output), {a.name: _attr_value(a) for a in n.attribute},
@@ -124,6 +126,8 @@ _KNOWN_ELEM_TYPES = {1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13}
 
 
 def _value_info(v: Value) -> onnx.ValueInfoProto:
+    if v.type is None:
+        return onnx.helper.make_empty_tensor_value_info(v.name)
     dims = [d if d is not None else None for d in v.type.shape]
     return onnx.helper.make_tensor_value_info(v.name, to_onnx(v.type.dtype), dims)
 

@@ -20,8 +20,12 @@ class NodeArg:
     type: str
 
 
-def node_arg(v: Value) -> NodeArg:
-    return NodeArg(v.name, list(v.type.shape), f"tensor({ORT_TYPE_NAME[v.type.dtype]})")
+def node_arg(v: Value, t: TensorType | None = None) -> NodeArg:
+    """``t``: the planned type, for an output the model declares without one."""
+    t = v.type or t
+    if t is None:
+        return NodeArg(v.name, None, "tensor(undefined)")
+    return NodeArg(v.name, list(t.shape), f"tensor({ORT_TYPE_NAME[t.dtype]})")
 
 
 def bind_feeds(inputs: list[Value], feeds: dict[str, np.ndarray], where: str) -> dict[str, TensorType]:
@@ -75,7 +79,9 @@ class InferenceSession:
         return [node_arg(v) for v in self.graph.inputs]
 
     def get_outputs(self) -> list[NodeArg]:
-        return [node_arg(v) for v in self.graph.outputs]
+        """Declared outputs; an output declared without a type gets the one its last plan inferred."""
+        planned = next(reversed(self._programs.values())).plan.spec.types if self._programs else {}
+        return [node_arg(v, planned.get(v.name)) for v in self.graph.outputs]
 
     def get_providers(self) -> list[str]:
         return ["CPUExecutionProvider"]

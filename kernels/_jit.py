@@ -25,7 +25,7 @@ _DISPATCHERS: list = []
 def jit(fn=None, *, fastmath: bool = False, inline: str = "never"):
     """``numba.njit(cache=True, nogil=True)`` and registration for ``compile_stats``."""
     def wrap(f):
-        d = numba.njit(cache=True, nogil=True, fastmath=FASTMATH if fastmath else False, inline=inline)(f)
+        d = numba.njit(cache=True, nogil=True, fastmath=set(FASTMATH) if fastmath else False, inline=inline)(f)
         register(d)
         return d
     return wrap(fn) if fn is not None else wrap

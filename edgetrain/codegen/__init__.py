@@ -96,8 +96,9 @@ def generate(step: Step, spec: Specialized) -> FusedKernel:
     lines += [indent + s for s in body[rank] + temps + stores]
     func = "\n".join(lines) + "\n"
     helpers = HELPERS if "_trunc_div" in func else ""
+    # numpy's error model: float x / 0 gives inf or nan, as numpy and onnxruntime do, not ZeroDivisionError
     source = ("import math\nimport numpy as np\nfrom numba import njit\n" + helpers
-              + "\n\n@njit(cache=True, nogil=True)\n" + func)
+              + "\n\n@njit(cache=True, nogil=True, error_model=\"numpy\")\n" + func)
     return FusedKernel(source, views, shape)
 
 

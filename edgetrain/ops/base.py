@@ -49,6 +49,7 @@ class OpDef:
     kernel: str = ""
     fold: Callable | None = None
     workspace: Callable | None = None  # (ctx) -> [TensorType]: scratch the kernel needs, planned in the arena
+    deterministic: bool = True   # False: never folded, even with constant inputs (training-mode Dropout)
     dtypes: tuple = FLOATS
     type_input: int | None = 0   # the input whose element type ``dtypes`` constrains (None: no input)
     doc: str = ""

@@ -432,7 +432,8 @@ def _dropout(ctx):
 OPS = OPS_FOLD + (
     OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY),
     OpDef("Concat", _concat, kernel="tensor.concat", dtypes=ANY),
-    OpDef("Dropout", _dropout, kernel="tensor.dropout", workspace=lambda ctx: [TensorType(np.float32, ctx.shape(0))],
+    OpDef("Dropout", _dropout, kernel="tensor.dropout", deterministic=False,
+          workspace=lambda ctx: [TensorType(np.float32, ctx.shape(0))],
           doc="training mode with ratio > 0; inference mode is lowered to a view"),
     OpDef("Expand", _expand, kernel="tensor.expand", dtypes=ANY),
     OpDef("Flatten", _flatten, kind="alias", dtypes=ANY),

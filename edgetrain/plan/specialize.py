@@ -90,6 +90,8 @@ def _check_dtype(op: OpDef, ctx: NodeContext):
 def _foldable(op: OpDef, ctx: NodeContext) -> bool:
     if op.key in ALWAYS_FOLD:
         return True
+    if not op.deterministic:
+        return False
     present = [c for i, c in enumerate(ctx.consts) if ctx.has_input(i)]
     return bool(present) and all(c is not None for c in present)
 
@@ -109,7 +111,7 @@ def fold(op: OpDef, ctx: NodeContext) -> list[np.ndarray]:
         if not name:
             values.append(None)
             continue
-        r = np.ascontiguousarray(np.asarray(r).astype(t.dtype, copy=False))
+        r = np.asarray(np.asarray(r).astype(t.dtype, copy=False), order="C")  # keeps 0-d (ascontiguousarray: 1-d)
         if r.shape != t.shape:
             raise ctx.error(f"folding produced shape {r.shape} for output '{name}', the shape rule says {t.shape}")
         values.append(r)

@@ -25,14 +25,19 @@ def launcher(kernel: str):
     return getattr(importlib.import_module(f"edgetrain.kernels.{family}"), name)
 
 
+def _kernel_ready(c: np.ndarray) -> np.ndarray:
+    """C-contiguous and writeable (Numba types read-only arrays apart: one more compile per kernel); 0-d kept."""
+    c = np.asarray(c)
+    return c if c.flags.c_contiguous and c.flags.writeable else np.array(c, order="C")
+
+
 class Program:
     def __init__(self, plan: Plan):
         limit_blas_threads(config.num_threads())
         self.plan = plan
         spec, mem = plan.spec, plan.memory
         self.arena = aligned_empty(plan.arena_bytes)
-        self.values: dict[str, np.ndarray] = {
-            name: np.ascontiguousarray(c) for name, c in spec.consts.items()}
+        self.values: dict[str, np.ndarray] = {name: _kernel_ready(c) for name, c in spec.consts.items()}
         for name, b in mem.value_buffer.items():
             self.values[name] = self._view(mem.buffers[b].offset, spec.types[name])
         self.calls: list[tuple] = []

@@ -12,7 +12,7 @@ from onnx import helper
 
 import edgetrain
 from edgetrain.errors import ShapeError
-from tests.oracle import assert_matches, model, run_onnxruntime, run_reference
+from oracle import assert_matches, model, run_onnxruntime, run_reference
 
 # (X shape, W shape, attributes); the cases cover every kernel path: im2col + GEMM (group 1), grouped GEMM,
 # pointwise (no im2col), and the direct loop (one input channel per group).

@@ -7,20 +7,17 @@ case broadcasts in one of the patterns of ``PATTERNS``.
 from __future__ import annotations
 
 import math
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from oracle import assert_matches, model, run_edgetrain, run_reference  # noqa: E402
+from oracle import assert_matches, model, run_edgetrain, run_reference
 
-import edgetrain  # noqa: E402
-from edgetrain.errors import EdgetrainError, ShapeError  # noqa: E402
-from edgetrain.ops import elementwise  # noqa: E402
+import edgetrain
+from edgetrain.errors import EdgetrainError, ShapeError
+from edgetrain.ops import elementwise
 
 F32, F64, I64, BOOL = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.bool_)
 FLOATS = (F32, F64)

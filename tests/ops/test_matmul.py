@@ -1,20 +1,17 @@
 """MatMul, Gemm (lowered to FusedMatMul + Add) and com.microsoft FusedMatMul (numpy oracle)."""
 from __future__ import annotations
 
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from oracle import assert_matches, model, run_edgetrain  # noqa: E402
+from oracle import assert_matches, model, run_edgetrain
 
-import edgetrain  # noqa: E402
-from edgetrain.errors import ShapeError  # noqa: E402
-from edgetrain.ops import matmul  # noqa: E402
+import edgetrain
+from edgetrain.errors import ShapeError
+from edgetrain.ops import matmul
 
 
 def rand(shape, dtype=np.float32, key=None):

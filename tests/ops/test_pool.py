@@ -10,7 +10,7 @@ from onnx import helper
 
 import edgetrain
 from edgetrain.errors import ShapeError
-from tests.oracle import assert_matches, model, run_onnxruntime, run_reference
+from oracle import assert_matches, model, run_onnxruntime, run_reference
 
 MAX_CASES = {
     "2x2_s2": ((2, 3, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),

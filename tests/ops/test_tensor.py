@@ -1,20 +1,17 @@
 """Shape and data-movement ops (and Resize, Dropout) against the ONNX reference evaluator or onnxruntime."""
 from __future__ import annotations
 
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference  # noqa: E402
+from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference
 
-import edgetrain  # noqa: E402
-from edgetrain.errors import EdgetrainError, ShapeError  # noqa: E402
-from edgetrain.ops import tensor  # noqa: E402
+import edgetrain
+from edgetrain.errors import EdgetrainError, ShapeError
+from edgetrain.ops import tensor
 
 I64_MAX, I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
@@ -536,3 +533,15 @@ def test_other_shape_errors():
     plan_error("Pad", {"x": rand((3, 2))}, {"pads": i64(0, 0, 0)})
     plan_error("Pad", {"x": rand((1, 2))}, {"pads": i64(1, 0, 0, 0)}, {"mode": "reflect"})
     plan_error("Cast", {"x": rand((3,))}, attrs={"to": 8}, error=EdgetrainError)   # strings
+
+
+def test_training_dropout_on_a_constant_is_not_folded():
+    """A random op with constant inputs must not be folded into one fixed mask at planning."""
+    x = np.ones((64, 64), np.float32)
+    node = helper.make_node("Dropout", ["x", "ratio", "training"], ["y"])
+    m = model(node, {"feed": np.ones(1, np.float32)}, ["y"],
+              {"x": x, "ratio": np.array(0.5, np.float32), "training": np.array(True)})
+    sess = edgetrain.InferenceSession(m.SerializeToString())
+    a, = sess.run(None, {"feed": np.ones(1, np.float32)})
+    b, = sess.run(None, {"feed": np.ones(1, np.float32)})
+    assert set(np.unique(a)) <= {0.0, 2.0} and not np.array_equal(a, b)

@@ -1,0 +1,25 @@
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# ../shared beside the repository holds the bench models and ORT's artifacts (CI clones it there too).
+SHARED = Path(os.environ.get("EDGETRAIN_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+BENCH_MODELS = ["cnn", "digits", "mlp", "mobilenet", "transformer"]
+
+
+@pytest.fixture(scope="session")
+def shared() -> Path:
+    if not (SHARED / "models").is_dir():
+        pytest.fail(f"the shared folder with bench models is missing at {SHARED} (set EDGETRAIN_SHARED)")
+    return SHARED
+
+
+def random_feed(value, rng: np.random.Generator, dims: dict | None = None) -> np.ndarray:
+    """A random array for a NodeArg-like (name, shape, type string) or an ir.Value."""
+    shape = [d if isinstance(d, int) else (dims or {}).get(d, 8) for d in value.shape]
+    if "int64" in value.type:
+        high = 100 if value.name == "input" else 4   # transformer tokens < 100; labels < 4 (its head has 4 classes)
+        return rng.integers(0, high, shape).astype(np.int64)
+    return rng.standard_normal(shape).astype(np.float32)

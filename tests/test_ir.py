@@ -1,0 +1,78 @@
+"""IR invariants, the ONNX import boundary and the op table's shape."""
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgetrain
+from edgetrain.errors import GraphError
+from edgetrain.ir import Graph, Node, TensorType, Value
+from edgetrain.ops import OP_TABLE
+
+ROOT = Path(edgetrain.__file__).resolve().parent
+
+
+def _graph(nodes, outputs=("y",)):
+    t = TensorType(np.float32, ("N", 3))
+    return Graph(nodes, [Value("x", t)], [Value(o, t) for o in outputs], {"w": np.ones(3, np.float32)})
+
+
+def test_verify_accepts_a_well_formed_graph():
+    g = _graph([Node("Add", ["x", "w"], ["t"]), Node("Relu", ["t"], ["y"])])
+    assert g.verify() is g
+
+
+def test_verify_rejects_double_assignment():
+    with pytest.raises(GraphError, match="'t' is assigned twice"):
+        _graph([Node("Relu", ["x"], ["t"]), Node("Relu", ["x"], ["t"]), Node("Relu", ["t"], ["y"])]).verify()
+
+
+def test_verify_rejects_undefined_inputs_and_wrong_order():
+    with pytest.raises(GraphError, match="'t' is not defined"):
+        _graph([Node("Relu", ["t"], ["y"], name="first"), Node("Relu", ["x"], ["t"])]).verify()
+
+
+def test_verify_rejects_unassigned_outputs():
+    with pytest.raises(GraphError, match="output 'z'"):
+        _graph([Node("Relu", ["x"], ["y"])], outputs=("y", "z")).verify()
+
+
+def test_tensor_type_sizes():
+    t = TensorType(np.float32, (2, 3))
+    assert (t.size, t.nbytes, t.is_static, str(t)) == (6, 24, True, "float[2,3]")
+    assert not TensorType(np.int64, ("N", 3)).is_static
+
+
+def test_only_the_onnx_import_module_imports_onnx():
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(n == "onnx" or n.startswith("onnx.") for n in names):
+                offenders.append(path.relative_to(ROOT).as_posix())
+    assert sorted(set(offenders)) == ["onnx_io.py"]
+
+
+def test_op_table_is_sorted_and_consistent():
+    keys = list(OP_TABLE)
+    assert keys == sorted(keys)
+    for (domain, name), op in OP_TABLE.items():
+        assert (op.domain, op.op_type) == (domain, name)
+        assert op.kind in ("elementwise", "alias", "kernel", "lowered", "fold")
+        if op.kind == "kernel":
+            family, fn = op.kernel.split(".")
+            assert (ROOT / "ops" / f"{family}.py").exists()
+
+
+def test_op_table_covers_the_required_ops():
+    required = """Add Sub Mul Div Pow Sqrt Erf Relu LeakyRelu Sigmoid Tanh Clip Gemm MatMul Conv MaxPool AveragePool
+    GlobalAveragePool BatchNormalization LayerNormalization Softmax LogSoftmax Gather Reshape Flatten Transpose Squeeze
+    Unsqueeze Concat Split Slice Expand Shape Size Cast Constant Identity Dropout ReduceMean ReduceSum Sum Where Equal
+    Greater Less GreaterOrEqual LessOrEqual And Mod SoftmaxCrossEntropyLoss HardSwish HardSigmoid Elu Selu Softplus
+    PRelu GroupNormalization InstanceNormalization ReduceMax ReduceMin GlobalMaxPool Pad Resize""".split()
+    missing = [op for op in required if ("", op) not in OP_TABLE]
+    missing += [op for op in ("Gelu", "FusedMatMul", "Scale") if ("com.microsoft", op) not in OP_TABLE]
+    assert not missing
