@@ -37,15 +37,32 @@ def expand(ctx):
 
 
 def gather(ctx):
-    axis = ctx.attr("axis", 0) % len(ctx.shape(0))
-    size = ctx.shape(0)[axis]
+    """Gather as rows of a [outer, size, inner] view; a bad index is reported, not wrapped."""
+    data = ctx.shape(0)
+    axis = ctx.attr("axis", 0) % len(data)
+    size = data[axis]
+    outer, inner = int(np.prod(data[:axis], dtype=np.int64)), int(np.prod(data[axis + 1:], dtype=np.int64))
+    n = ctx.type(1).size
 
     def run(x, idx, y):
-        if idx.size and (idx.min() < -size or idx.max() >= size):
-            bad = idx[(idx < -size) | (idx >= size)].reshape(-1)[0]
-            raise IndexError(f"{ctx.node}: index {bad} is out of range for axis {axis} of size {size}")
-        np.take(x, idx, axis=axis, out=y, mode="wrap")
+        bad = _gather(x.reshape(outer, size, inner), idx.reshape(n), y.reshape(outer, n, inner))
+        if bad >= 0:
+            raise IndexError(f"{ctx.node}: index {idx.reshape(n)[bad]} (at flat position {bad}) is out of range "
+                             f"for axis {axis} of size {size}")
     return run
+
+
+@jit
+def _gather(x, idx, y):
+    size = x.shape[1]
+    for k in range(idx.shape[0]):
+        if idx[k] < -size or idx[k] >= size:
+            return k
+    for o in range(x.shape[0]):
+        for k in range(idx.shape[0]):
+            j = idx[k] + size if idx[k] < 0 else idx[k]
+            y[o, k, :] = x[o, j, :]
+    return -1
 
 
 def slice(ctx):  # noqa: A001 (named after the op)
