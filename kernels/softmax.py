@@ -249,3 +249,82 @@ def _sce(x, labels, weights, has_weights, has_ignore, ignore, reduction, loss, l
     elif reduction == 2:
         loss[0] = total / wsum if wsum != 0.0 else math.nan  # all ignored: 0 / 0, as onnxruntime
     return -1
+
+
+def softmax_cross_entropy_grad(ctx):
+    shape = ctx.shape(1)
+    n, c = int(shape[0]), int(shape[1])
+    d = int(np.prod(shape[2:], dtype=np.int64))
+    reduction = REDUCTIONS.index(sce_reduction(ctx))
+    ignore = ctx.attr("ignore_index", None)
+    has_ignore = ignore is not None
+    ignore = int(ignore) if has_ignore else 0
+    has_weights = len(ctx.node.inputs) > 3 and bool(ctx.node.inputs[3])
+    dummy_w = np.ones(1, ctx.type(1).dtype)
+    n_in = len(ctx.node.inputs)
+
+    def run(*args):
+        dy, log_prob, labels = args[0], args[1], args[2]
+        weights = args[3] if has_weights else dummy_w
+        _sce_grad(dy.reshape(-1), log_prob.reshape(n, c, d), labels.reshape(n, d), weights, has_weights,
+                  has_ignore, ignore, reduction, args[n_in].reshape(n, c, d))
+    return run
+
+
+@jit
+def _sce_grad(dy, log_prob, labels, weights, has_weights, has_ignore, ignore, reduction, dx):
+    n, c, d = log_prob.shape
+    wsum = np.float64(0.0)
+    if reduction == 2:
+        for i in range(n):
+            for j in range(d):
+                lab = labels[i, j]
+                if not (has_ignore and lab == ignore):
+                    wsum += weights[lab] if has_weights else 1.0
+    for i in range(n):
+        for j in range(d):
+            lab = labels[i, j]
+            if has_ignore and lab == ignore:
+                for k in range(c):
+                    dx[i, k, j] = 0.0
+                continue
+            w = np.float64(weights[lab]) if has_weights else 1.0
+            scale = w * (dy[i * d + j] if reduction == 0 else dy[0])
+            if reduction == 2:
+                scale /= wsum
+            for k in range(c):
+                dx[i, k, j] = (math.exp(log_prob[i, k, j]) - (1.0 if k == lab else 0.0)) * scale
+
+
+def softmax_grad(ctx):
+    return _softmax_grad_launcher(ctx, log=False)
+
+
+def log_softmax_grad(ctx):
+    return _softmax_grad_launcher(ctx, log=True)
+
+
+def _softmax_grad_launcher(ctx, log: bool):
+    outer, n, inner = softmax_view(ctx)
+
+    def run(dy, y, dx):
+        _softmax_grad(dy.reshape(outer, n, inner), y.reshape(outer, n, inner), dx.reshape(outer, n, inner), log)
+    return run
+
+
+@jit
+def _softmax_grad(dy, y, dx, log):
+    outer, n, inner = y.shape
+    for o in range(outer):
+        for i in range(inner):
+            s = np.float64(0.0)
+            if log:
+                for k in range(n):
+                    s += dy[o, k, i]
+                for k in range(n):
+                    dx[o, k, i] = dy[o, k, i] - math.exp(y[o, k, i]) * s
+            else:
+                for k in range(n):
+                    s += dy[o, k, i] * y[o, k, i]
+                for k in range(n):
+                    dx[o, k, i] = y[o, k, i] * (dy[o, k, i] - s)

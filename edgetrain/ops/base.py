@@ -37,6 +37,9 @@ class OpDef:
         the since-version of the ONNX definition edgetrain implements (reduced-build configs name it).
     dtypes
         element types accepted for input ``type_input`` (the op's type constraint ``T``).
+    vjp
+        the gradient rule (``edgetrain.autodiff``): emits backward nodes, never computes numbers; None means
+        the op is not differentiable (gradient ops themselves, integer ops, shape arithmetic).
     fold
         numpy evaluation ``fold(ctx, *arrays) -> array | list`` used to fold constant subgraphs; kernel ops
         without one fold by running their launcher on fresh arrays.
@@ -50,6 +53,8 @@ class OpDef:
     fold: Callable | None = None
     workspace: Callable | None = None  # (ctx) -> [TensorType]: scratch the kernel needs, planned in the arena
     deterministic: bool = True   # False: never folded, even with constant inputs (training-mode Dropout)
+    vjp: Callable | None = None  # gradient rule: (GradContext, [dY or None per output]) -> [dX or None per input]
+    grad_outputs: int = 0        # outputs the gradient rule reads; autodiff adds the optional ones missing
     dtypes: tuple = FLOATS
     type_input: int | None = 0   # the input whose element type ``dtypes`` constrains (None: no input)
     doc: str = ""

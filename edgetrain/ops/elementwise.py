@@ -81,10 +81,10 @@ def _erf(ctx, x):
 
 def ew(op_type, fold, dtypes=FLOATS, *, out_dtype=None, t_inputs=None, cond_input=None, unidirectional=False,
        domain="", since=13, doc=""):
-    """An element-wise OpDef; ``fold(ctx, *arrays)`` is its numpy form."""
+    """An element-wise OpDef; ``fold(ctx, *arrays)`` is its numpy form, its gradient rule ``GRADIENTS[op_type]``."""
     return OpDef(op_type, _rule(out_dtype, t_inputs, cond_input, unidirectional), domain=domain, since=since,
                  kind="elementwise", fold=_quiet(fold), dtypes=dtypes,
-                 type_input=t_inputs[0] if t_inputs else 0, doc=doc)
+                 type_input=t_inputs[0] if t_inputs else 0, vjp=GRADIENTS.get((domain, op_type)), doc=doc)
 
 
 def _quiet(fold):
@@ -99,7 +99,184 @@ def _np(f):
     return lambda ctx, *xs: f(*xs)
 
 
-OPS = (
+# --- gradient rules: (g, [dY]) -> [dX per input]; they emit nodes (see edgetrain.autodiff) --------------------
+
+def _dtype(g, i=0):
+    return g.in_types[i].dtype
+
+
+def _per_input(g, grads):
+    """Unbroadcast each needed input's gradient; ``grads[i]()`` builds it only when input i needs one."""
+    return [g.unbroadcast(make(), i) if g.needs[i] and make is not None else None for i, make in enumerate(grads)]
+
+
+def _add_vjp(g, dys):
+    return _per_input(g, [lambda: dys[0], lambda: dys[0]])
+
+
+def _sub_vjp(g, dys):
+    return _per_input(g, [lambda: dys[0], lambda: g.emit("Neg", [dys[0]])])
+
+
+def _mul_vjp(g, dys):
+    return _per_input(g, [lambda: g.emit("Mul", [dys[0], g.x(1)]), lambda: g.emit("Mul", [dys[0], g.x(0)])])
+
+
+def _div_vjp(g, dys):
+    # d(a/b)/da = 1/b, d(a/b)/db = -(a/b)/b
+    return _per_input(g, [lambda: g.emit("Div", [dys[0], g.x(1)]),
+                          lambda: g.emit("Neg", [g.emit("Mul", [dys[0], g.emit("Div", [g.y(), g.x(1)])])])])
+
+
+def _pow_vjp(g, dys):
+    # d(x^p)/dx = p x^(p-1); d(x^p)/dp = x^p ln x
+    def dx():
+        p = g.x(1) if _dtype(g, 1) == _dtype(g) else g.emit("Cast", [g.x(1)], {"to": _onnx_type(_dtype(g))})
+        one = g.const(1, _dtype(g), "one")
+        return g.emit("Mul", [dys[0], g.emit("Mul", [p, g.emit("Pow", [g.x(0), g.emit("Sub", [p, one])])])])
+    return _per_input(g, [dx, lambda: g.emit("Mul", [dys[0], g.emit("Mul", [g.y(), g.emit("Log", [g.x(0)])])])])
+
+
+def _onnx_type(dtype):
+    from ..ir.dtypes import to_onnx
+    return to_onnx(dtype)
+
+
+def _unary(build):
+    """A rule for a one-input op: ``build(g, dy) -> dx``."""
+    return lambda g, dys: [build(g, dys[0])] + [None] * (len(g.node.inputs) - 1)
+
+
+def _clip_vjp(g, dys):
+    # pass the gradient where lo <= x <= hi, as torch.clamp does
+    x, conds = g.x(0), []
+    if len(g.node.inputs) > 1 and g.node.inputs[1]:
+        conds.append(g.emit("GreaterOrEqual", [x, g.x(1)]))
+    if len(g.node.inputs) > 2 and g.node.inputs[2]:
+        conds.append(g.emit("LessOrEqual", [x, g.x(2)]))
+    if not conds:
+        return [dys[0], None, None]
+    keep = conds[0] if len(conds) == 1 else g.emit("And", conds)
+    return [g.emit("Where", [keep, dys[0], g.const(0, _dtype(g), "zero")])] + [None] * (len(g.node.inputs) - 1)
+
+
+def _where_vjp(g, dys):
+    zero = g.const(0, _dtype(g, 1), "zero")
+    return [None] + _per_input(g, [None, lambda: g.emit("Where", [g.x(0), dys[0], zero]),
+                                   lambda: g.emit("Where", [g.x(0), zero, dys[0]])])[1:]
+
+
+def _variadic_vjp(scale_by_count: bool):
+    def rule(g, dys):
+        dy = dys[0]
+        if scale_by_count:
+            dy = g.emit("Div", [dy, g.const(len(g.node.inputs), _dtype(g), "count")])
+        return _per_input(g, [lambda: dy] * len(g.node.inputs))
+    return rule
+
+
+def _prelu_vjp(g, dys):
+    pos = g.emit("GreaterOrEqual", [g.x(0), g.const(0, _dtype(g), "zero")])
+    zero = g.const(0, _dtype(g), "zero")
+    return _per_input(g, [lambda: g.emit("Where", [pos, dys[0], g.emit("Mul", [dys[0], g.x(1)])]),
+                          lambda: g.emit("Where", [pos, zero, g.emit("Mul", [dys[0], g.x(0)])])])
+
+
+def _elu_like(g, dy, alpha, gamma=1.0):
+    # x > 0: gamma; else gamma * alpha * e^x = y + gamma * alpha
+    t = _dtype(g)
+    neg = g.emit("Mul", [dy, g.emit("Add", [g.y(), g.const(gamma * alpha, t, "ga")])])
+    pos = dy if gamma == 1.0 else g.emit("Mul", [dy, g.const(gamma, t, "gamma")])
+    return g.emit("Where", [g.emit("Greater", [g.x(0), g.const(0, t, "zero")]), pos, neg])
+
+
+def _hard_sigmoid(g, dy):
+    t = _dtype(g)
+    inside = g.emit("And", [g.emit("Greater", [g.y(), g.const(0, t, "zero")]),
+                            g.emit("Less", [g.y(), g.const(1, t, "one")])])
+    return g.emit("Where", [inside, g.emit("Mul", [dy, g.const(g.attr("alpha", 0.2), t, "alpha")]),
+                            g.const(0, t, "zero")])
+
+
+def _hard_swish(g, dy):
+    # x < -3: 0; x > 3: 1; else (2x + 3) / 6
+    t, x = _dtype(g), g.x(0)
+    mid = g.emit("Add", [g.emit("Mul", [x, g.const(1 / 3, t, "third")]), g.const(0.5, t, "half")])
+    slope = g.emit("Where", [g.emit("Less", [x, g.const(-3, t, "m3")]), g.const(0, t, "zero"),
+                             g.emit("Where", [g.emit("Greater", [x, g.const(3, t, "p3")]), g.const(1, t, "one"),
+                                              mid])])
+    return g.emit("Mul", [dy, slope])
+
+
+def _c(g, value, label):
+    return g.const(value, _dtype(g), label)
+
+
+GRADIENTS = {
+    ("", "Abs"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Sign", [g.x(0)])])),
+    ("", "Add"): _add_vjp,
+    ("", "Atan"): _unary(lambda g, dy: g.emit("Div", [dy, g.emit("Add", [_c(g, 1, "one"),
+                                                                         g.emit("Mul", [g.x(0), g.x(0)])])])),
+    ("", "Clip"): _clip_vjp,
+    ("", "Cos"): _unary(lambda g, dy: g.emit("Neg", [g.emit("Mul", [dy, g.emit("Sin", [g.x(0)])])])),
+    ("", "Div"): _div_vjp,
+    ("", "Elu"): _unary(lambda g, dy: _elu_like(g, dy, g.attr("alpha", 1.0))),
+    ("", "Erf"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Mul", [_c(g, 2 / np.sqrt(np.pi), "k"), g.emit(
+        "Exp", [g.emit("Neg", [g.emit("Mul", [g.x(0), g.x(0)])])])])])),
+    ("", "Exp"): _unary(lambda g, dy: g.emit("Mul", [dy, g.y()])),
+    ("", "HardSigmoid"): _unary(_hard_sigmoid),
+    ("", "HardSwish"): _unary(_hard_swish),
+    ("", "LeakyRelu"): _unary(lambda g, dy: g.emit("LeakyReluGrad", [dy, g.y()], {"alpha": g.attr("alpha", 0.01)},
+                                                   "com.microsoft")),
+    ("", "Log"): _unary(lambda g, dy: g.emit("Div", [dy, g.x(0)])),
+    ("", "Mean"): _variadic_vjp(scale_by_count=True),
+    ("", "Mul"): _mul_vjp,
+    ("", "Neg"): _unary(lambda g, dy: g.emit("Neg", [dy])),
+    ("", "PRelu"): _prelu_vjp,
+    ("", "Pow"): _pow_vjp,
+    ("", "Reciprocal"): _unary(lambda g, dy: g.emit("Neg", [g.emit("Mul", [dy, g.emit("Mul", [g.y(), g.y()])])])),
+    ("", "Relu"): _unary(lambda g, dy: g.emit("ReluGrad", [dy, g.y()], domain="com.microsoft")),
+    ("", "Selu"): _unary(lambda g, dy: _elu_like(g, dy, g.attr("alpha", 1.67326319217681884765625),
+                                                 g.attr("gamma", 1.05070102214813232421875))),
+    ("", "Sigmoid"): _unary(lambda g, dy: g.emit("SigmoidGrad", [dy, g.y()], domain="com.microsoft")),
+    ("", "Sin"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Cos", [g.x(0)])])),
+    ("", "Softplus"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Sigmoid", [g.x(0)])])),
+    ("", "Sqrt"): _unary(lambda g, dy: g.emit("Div", [dy, g.emit("Mul", [g.y(), _c(g, 2, "two")])])),
+    ("", "Sub"): _sub_vjp,
+    ("", "Sum"): _variadic_vjp(scale_by_count=False),
+    ("", "Tanh"): _unary(lambda g, dy: g.emit("TanhGrad", [dy, g.y()], domain="com.microsoft")),
+    ("", "Where"): _where_vjp,
+    ("com.microsoft", "Gelu"): _unary(lambda g, dy: g.emit("GeluGrad", [dy, g.x(0)], domain="com.microsoft")),
+    ("com.microsoft", "Scale"): lambda g, dys: [g.emit("Scale", [dys[0], g.x(1)],
+                                                       {"scale_down": g.attr("scale_down", 0)}, "com.microsoft"),
+                                                None],
+}
+
+
+# --- gradient ops (onnxruntime's com.microsoft vocabulary); element-wise, so they fuse like any other -------
+
+def grad_op(op_type, fold, doc):
+    return OpDef(op_type, _rule(same_dtype_inputs=[0, 1]), domain="com.microsoft", since=1, kind="elementwise",
+                 fold=_quiet(fold), doc=doc)
+
+
+def _gelu_grad(ctx, dy, x):
+    from math import erf
+    cdf = 0.5 * (1.0 + np.vectorize(erf, otypes=[np.float64])(x / np.sqrt(2.0)))
+    return (dy * (cdf + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi))).astype(x.dtype)
+
+
+GRAD_OPS = (
+    grad_op("GeluGrad", _gelu_grad, "dX = dY * (Phi(x) + x * phi(x))"),
+    grad_op("LeakyReluGrad", lambda ctx, dy, y: np.where(y > 0, dy, ctx.attr("alpha", 0.01) * dy),
+            "dX = dY where Y > 0, alpha * dY elsewhere"),
+    grad_op("ReluGrad", lambda ctx, dy, y: np.where(y > 0, dy, 0).astype(dy.dtype), "dX = dY where X (or Y) > 0"),
+    grad_op("SigmoidGrad", lambda ctx, dy, y: dy * y * (1 - y), "dX = dY * Y * (1 - Y)"),
+    grad_op("TanhGrad", lambda ctx, dy, y: dy * (1 - y * y), "dX = dY * (1 - Y^2)"),
+)
+
+
+OPS = GRAD_OPS + (
     ew("Abs", _np(np.abs), ALL_NUMERIC),
     ew("Add", _np(np.add), ALL_NUMERIC, since=14),
     ew("And", _np(np.logical_and), (BOOL,), since=7),

@@ -71,9 +71,50 @@ def _fold_gemm(ctx, a, b, c=None):
     return y + ctx.attr("beta", 1.0) * c if c is not None else y
 
 
+# --- gradient rules ---------------------------------------------------------------------------------------
+
+def _gemm_vjp(g, dys):
+    """Y = alpha op(A) op(B) + beta C, emitted as onnxruntime does: Gemm with beta 0, ReduceSum for C."""
+    dy, ta, tb, alpha = dys[0], g.attr("transA", 0), g.attr("transB", 0), g.attr("alpha", 1.0)
+    a, b = g.x(0), g.x(1)
+    dx = [None, None, None]
+    if g.needs[0]:
+        dx[0] = (g.emit("Gemm", [dy, b], {"transA": 0, "transB": 1 - tb, "alpha": alpha, "beta": 0.0}) if not ta
+                 else g.emit("Gemm", [b, dy], {"transA": tb, "transB": 1, "alpha": alpha, "beta": 0.0}))
+    if g.needs[1]:
+        dx[1] = (g.emit("Gemm", [a, dy], {"transA": 1 - ta, "transB": 0, "alpha": alpha, "beta": 0.0}) if not tb
+                 else g.emit("Gemm", [dy, a], {"transA": 1, "transB": ta, "alpha": alpha, "beta": 0.0}))
+    if len(g.node.inputs) > 2 and g.node.inputs[2] and g.needs[2]:
+        dc = g.unbroadcast(dy, 2)
+        beta = g.attr("beta", 1.0)
+        dx[2] = dc if beta == 1.0 else g.emit("Mul", [dc, g.const(beta, g.in_types[2].dtype, "beta")])
+    return dx
+
+
+def _matmul_vjp(g, dys):
+    """dA = dY B^T, dB = A^T dY (batched), each summed over the batch dims its operand was broadcast along."""
+    a, b = g.in_types[0].shape, g.in_types[1].shape
+    if len(a) < 2 or len(b) < 2:
+        raise g.error("MatMul gradients of 1-D operands are not supported")
+    dy, out = dys[0], g.out_types[0].shape
+    dx = [None, None]
+    if g.needs[0]:
+        da = g.emit("FusedMatMul", [dy, g.x(1)], {"transB": 1}, "com.microsoft")
+        dx[0] = g.unbroadcast(da, 0, out[:-2] + a[-2:])
+    if g.needs[1]:
+        if len(b) == 2 and len(a) > 2:   # a Linear layer over a batch: fold the batch into the GEMM's K
+            a2 = g.emit("Reshape", [g.x(0), g.const([-1, a[-1]], "int64", "shape")])
+            dy2 = g.emit("Reshape", [dy, g.const([-1, out[-1]], "int64", "shape")])
+            dx[1] = g.emit("FusedMatMul", [a2, dy2], {"transA": 1}, "com.microsoft")
+        else:
+            db = g.emit("FusedMatMul", [g.x(0), dy], {"transA": 1}, "com.microsoft")
+            dx[1] = g.unbroadcast(db, 1, out[:-2] + b[-2:])
+    return dx
+
+
 OPS = (
     OpDef("FusedMatMul", _fused_matmul, domain="com.microsoft", since=1, kernel="matmul.fused_matmul",
           doc="alpha * op(A) @ op(B), op = optional transpose of the last two dims"),
-    OpDef("Gemm", _gemm, kind="lowered", fold=_fold_gemm, doc="lowered to FusedMatMul + Add"),
-    OpDef("MatMul", _matmul, kernel="matmul.matmul", dtypes=MATMUL_DTYPES),
+    OpDef("Gemm", _gemm, kind="lowered", fold=_fold_gemm, vjp=_gemm_vjp, doc="lowered to FusedMatMul + Add"),
+    OpDef("MatMul", _matmul, kernel="matmul.matmul", dtypes=MATMUL_DTYPES, vjp=_matmul_vjp),
 )

@@ -38,9 +38,65 @@ def _reduce(ctx: NodeContext):
     return [TensorType(ctx.type(0).dtype, reduced_shape(ctx))]
 
 
+# --- gradient rules ---------------------------------------------------------------------------------------
+
+def _grad_axes(g) -> tuple[int, ...] | None:
+    """Reduced axes (normalized), None for an identity; from the attribute or the constant axes input."""
+    rank = len(g.in_types[0].shape)
+    axes = g.attr("axes")
+    if axes is None and len(g.node.inputs) > 1 and g.node.inputs[1]:
+        value = g.const_input(1)
+        if value is None:
+            raise g.error("axes must be a constant to differentiate")
+        axes = value.reshape(-1).tolist()
+    if not axes:
+        return None if g.attr("noop_with_empty_axes", 0) else tuple(range(rank))
+    return tuple(sorted(int(a) % rank for a in axes))
+
+
+def _spread(g, dy: str, axes) -> str:
+    """dy broadcast back over the reduced axes: Unsqueeze (if keepdims=0), then Expand to Shape(x)."""
+    if not g.attr("keepdims", 1):
+        dy = g.emit("Unsqueeze", [dy, g.const(list(axes), "int64", "axes")])
+    return g.emit("Expand", [dy, g.shape_of(g.x(0))])
+
+
+def _reduce_sum_vjp(g, dys):
+    axes = _grad_axes(g)
+    dx = dys[0] if axes is None else _spread(g, dys[0], axes)
+    return [dx] + [None] * (len(g.node.inputs) - 1)
+
+
+def _reduce_mean_vjp(g, dys):
+    axes = _grad_axes(g)
+    if axes is None:
+        return [dys[0]] + [None] * (len(g.node.inputs) - 1)
+    # count = Size(x) / Size(y), folded when planning (works for symbolic dims too)
+    count = g.emit("Cast", [g.emit("Div", [g.emit("Size", [g.x(0)]), g.emit("Size", [g.y()])])],
+                   {"to": _onnx(g.in_types[0].dtype)})
+    return [_spread(g, g.emit("Div", [dys[0], count]), axes)] + [None] * (len(g.node.inputs) - 1)
+
+
+def _reduce_extreme_vjp(g, dys):
+    """The gradient goes to the elements equal to the max (min), shared equally among ties."""
+    axes = _grad_axes(g)
+    if axes is None:
+        return [dys[0]] + [None] * (len(g.node.inputs) - 1)
+    y = g.y() if g.attr("keepdims", 1) else g.emit("Unsqueeze", [g.y(), g.const(list(axes), "int64", "axes")])
+    hit = g.emit("Cast", [g.emit("Equal", [g.x(0), y])], {"to": _onnx(g.in_types[0].dtype)})
+    ties = g.emit("ReduceSum", [hit, g.const(list(axes), "int64", "axes")], {"keepdims": 1})
+    dy = dys[0] if g.attr("keepdims", 1) else g.emit("Unsqueeze", [dys[0], g.const(list(axes), "int64", "axes")])
+    return [g.emit("Mul", [hit, g.emit("Div", [dy, ties])])] + [None] * (len(g.node.inputs) - 1)
+
+
+def _onnx(dtype) -> int:
+    from ..ir.dtypes import to_onnx
+    return to_onnx(dtype)
+
+
 OPS = (
-    OpDef("ReduceMax", _reduce, since=18, kernel="reduce.reduce_max", dtypes=FLOATS + INTS),
-    OpDef("ReduceMean", _reduce, since=18, kernel="reduce.reduce_mean"),
-    OpDef("ReduceMin", _reduce, since=18, kernel="reduce.reduce_min", dtypes=FLOATS + INTS),
-    OpDef("ReduceSum", _reduce, since=13, kernel="reduce.reduce_sum", dtypes=FLOATS + INTS),
+    OpDef("ReduceMax", _reduce, since=18, kernel="reduce.reduce_max", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp),
+    OpDef("ReduceMean", _reduce, since=18, kernel="reduce.reduce_mean", vjp=_reduce_mean_vjp),
+    OpDef("ReduceMin", _reduce, since=18, kernel="reduce.reduce_min", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp),
+    OpDef("ReduceSum", _reduce, since=13, kernel="reduce.reduce_sum", dtypes=FLOATS + INTS, vjp=_reduce_sum_vjp),
 )

@@ -68,9 +68,52 @@ def _softmax_cross_entropy(ctx: NodeContext):
     return [loss, scores][:max(1, len(ctx.node.outputs))]
 
 
+def _sce_attrs(g) -> dict:
+    attrs = {"reduction": g.attr("reduction", "mean")}
+    if g.attr("ignore_index") is not None:
+        attrs["ignore_index"] = g.attr("ignore_index")
+    return attrs
+
+
+def _sce_vjp(g, dys):
+    """d scores = (softmax - onehot(label)) * w[label] * dloss (/ sum of weights for mean)."""
+    inputs = [dys[0], g.y(1), g.x(1)] + ([g.x(2)] if len(g.node.inputs) > 2 and g.node.inputs[2] else [])
+    return [g.emit("SoftmaxCrossEntropyLossGrad", inputs, _sce_attrs(g), "com.microsoft"), None, None]
+
+
+def _softmax_vjp(grad_op: str):
+    """Softmax: dX = Y * (dY - sum(dY * Y)); LogSoftmax: dX = dY - exp(Y) * sum(dY), along the axis."""
+    return lambda g, dys: [g.emit(grad_op, [dys[0], g.y()], {"axis": g.attr("axis", -1)}, "com.microsoft")]
+
+
+def _sce_grad(ctx: NodeContext):
+    dy, log_prob, labels = ctx.type(0), ctx.type(1), ctx.type(2)
+    if labels.dtype not in INTS or tuple(labels.shape) != (log_prob.shape[0],) + tuple(log_prob.shape[2:]):
+        raise ctx.error(f"labels {labels} do not match log_prob {log_prob}")
+    sce_reduction(ctx)
+    return [log_prob]
+
+
+def _softmax_grad(ctx: NodeContext):
+    if ctx.shape(0) != ctx.shape(1):
+        raise ctx.error("dY and Y must have the same shape")
+    softmax_view(ctx)
+    return [ctx.type(0)]
+
+
 OPS = (
-    OpDef("LogSoftmax", _softmax, since=13, kernel="softmax.log_softmax", workspace=_softmax_workspace),
-    OpDef("Softmax", _softmax, since=13, kernel="softmax.softmax", workspace=_softmax_workspace),
+    OpDef("LogSoftmax", _softmax, since=13, kernel="softmax.log_softmax", workspace=_softmax_workspace,
+          vjp=_softmax_vjp("LogSoftmaxGrad_13")),
+    OpDef("LogSoftmaxGrad_13", _softmax_grad, domain="com.microsoft", since=1, kernel="softmax.log_softmax_grad",
+          doc="dX = dY - exp(Y) * sum(dY) along axis"),
+    OpDef("Softmax", _softmax, since=13, kernel="softmax.softmax", workspace=_softmax_workspace,
+          vjp=_softmax_vjp("SoftmaxGrad_13")),
     OpDef("SoftmaxCrossEntropyLoss", _softmax_cross_entropy, since=13, kernel="softmax.softmax_cross_entropy",
+          vjp=_sce_vjp, grad_outputs=2,
           doc="reduction none/sum/mean, optional weights and ignore_index; outputs loss and optional log_prob"),
+    OpDef("SoftmaxCrossEntropyLossGrad", _sce_grad, domain="com.microsoft", since=1,
+          kernel="softmax.softmax_cross_entropy_grad",
+          doc="inputs dY, log_prob, labels[, weights]: dX = (exp(log_prob) - onehot) * w * dY (/ sum w for mean)"),
+    OpDef("SoftmaxGrad_13", _softmax_grad, domain="com.microsoft", since=1, kernel="softmax.softmax_grad",
+          doc="dX = Y * (dY - sum(dY * Y)) along axis"),
 )

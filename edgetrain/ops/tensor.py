@@ -429,23 +429,43 @@ def _dropout(ctx):
     return [ctx.type(0), TensorType(np.bool_, ctx.shape(0))][:max(1, len(ctx.node.outputs))]
 
 
+# --- gradient rules ---------------------------------------------------------------------------------------
+
+def _view_vjp(g, dys):
+    """A view's gradient is the output gradient viewed with the input's shape."""
+    return [g.emit("Reshape", [dys[0], g.shape_of(g.x(0))])] + [None] * (len(g.node.inputs) - 1)
+
+
+def _transpose_vjp(g, dys):
+    perm = g.attr("perm", tuple(range(len(g.in_types[0].shape)))[::-1])
+    return [g.emit("Transpose", [dys[0]], {"perm": tuple(int(p) for p in np.argsort(perm))})]
+
+
+def _cast_vjp(g, dys):
+    from ..ir.dtypes import to_onnx
+    src = g.in_types[0].dtype
+    if not np.issubdtype(src, np.floating):
+        return [None]
+    return [g.emit("Cast", [dys[0]], {"to": to_onnx(src)})]
+
+
 OPS = OPS_FOLD + (
-    OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY),
+    OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY, vjp=_cast_vjp),
     OpDef("Concat", _concat, kernel="tensor.concat", dtypes=ANY),
     OpDef("Dropout", _dropout, kernel="tensor.dropout", deterministic=False,
           workspace=lambda ctx: [TensorType(np.float32, ctx.shape(0))],
           doc="training mode with ratio > 0; inference mode is lowered to a view"),
-    OpDef("Expand", _expand, kernel="tensor.expand", dtypes=ANY),
-    OpDef("Flatten", _flatten, kind="alias", dtypes=ANY),
+    OpDef("Expand", _expand, kernel="tensor.expand", dtypes=ANY, vjp=lambda g, dys: [g.unbroadcast(dys[0], 0), None]),
+    OpDef("Flatten", _flatten, kind="alias", dtypes=ANY, vjp=_view_vjp),
     OpDef("Gather", _gather, kernel="tensor.gather", dtypes=ANY),
-    OpDef("Identity", _identity, since=19, kind="alias", dtypes=ANY),
+    OpDef("Identity", _identity, since=19, kind="alias", dtypes=ANY, vjp=lambda g, dys: [dys[0]]),
     OpDef("Pad", _pad, since=19, kernel="tensor.pad", dtypes=ANY),
-    OpDef("Reshape", _reshape, since=19, kind="alias", dtypes=ANY),
+    OpDef("Reshape", _reshape, since=19, kind="alias", dtypes=ANY, vjp=_view_vjp),
     OpDef("Resize", _resize, since=19, kernel="tensor.resize", dtypes=RESIZE_DTYPES,
           doc="modes nearest and linear (up to 2 spatial axes); tf_crop_and_resize and cubic are rejected"),
     OpDef("Slice", _slice, kernel="tensor.slice", dtypes=ANY),
     OpDef("Split", _split, since=18, kernel="tensor.split", dtypes=ANY),
-    OpDef("Squeeze", _squeeze, kind="alias", dtypes=ANY),
-    OpDef("Transpose", _transpose, kernel="tensor.transpose", dtypes=ANY),
-    OpDef("Unsqueeze", _unsqueeze, kind="alias", dtypes=ANY),
+    OpDef("Squeeze", _squeeze, kind="alias", dtypes=ANY, vjp=_view_vjp),
+    OpDef("Transpose", _transpose, kernel="tensor.transpose", dtypes=ANY, vjp=_transpose_vjp),
+    OpDef("Unsqueeze", _unsqueeze, kind="alias", dtypes=ANY, vjp=_view_vjp),
 )

@@ -184,6 +184,26 @@ def scale_oracle(attrs, x, s):
     return (x / s if attrs.get("scale_down", 0) else x * s).astype(x.dtype)
 
 
+def grad_inputs(rng, dt, pattern):
+    """(dY, X or Y) of one shape, as onnxruntime's element-wise gradient ops take them."""
+    shape = shapes_for("same", rng)[0]
+    return {"dy": values(rng, shape, dt), "x": values(rng, shape, dt)}
+
+
+def _f64(f):
+    return lambda attrs, dy, x: f(attrs, dy.astype(np.float64), x.astype(np.float64)).astype(dy.dtype)
+
+
+# the math of onnxruntime's gradient ops (com.microsoft), written out in numpy
+GRAD_ORACLES = {
+    "GeluGrad": _f64(lambda a, dy, x: dy * (0.5 * (1 + _erf(x / np.sqrt(2))) + x * np.exp(-x * x / 2) / np.sqrt(
+        2 * np.pi))),
+    "LeakyReluGrad": _f64(lambda a, dy, y: np.where(y > 0, dy, a.get("alpha", 0.01) * dy)),
+    "ReluGrad": _f64(lambda a, dy, y: np.where(y > 0, dy, 0.0)),
+    "SigmoidGrad": _f64(lambda a, dy, y: dy * y * (1 - y)),
+    "TanhGrad": _f64(lambda a, dy, y: dy * (1 - y * y)),
+}
+
 UNARY_FLOAT = {"Atan": "any", "Ceil": "any", "Cos": "any", "Erf": "any", "Exp": "any", "Floor": "any",
                "Log": "positive", "Reciprocal": "nonzero", "Sigmoid": "any", "Sin": "any", "Softplus": "any",
                "Sqrt": "positive", "Tanh": "any"}
@@ -223,6 +243,9 @@ CASES = (
     + [Case("Scale", scale_inputs, domain="com.microsoft", oracle=scale_oracle, label="up"),
        Case("Scale", scale_inputs, attrs={"scale_down": 1}, domain="com.microsoft", oracle=scale_oracle,
             label="down")]
+    + [Case(op, grad_inputs, domain="com.microsoft", oracle=oracle) for op, oracle in GRAD_ORACLES.items()]
+    + [Case("LeakyReluGrad", grad_inputs, attrs={"alpha": 0.3}, domain="com.microsoft",
+            oracle=GRAD_ORACLES["LeakyReluGrad"], label="alpha")]
 )
 
 

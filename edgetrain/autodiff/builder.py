@@ -1,0 +1,191 @@
+"""The backward walk and the context a gradient rule emits nodes through."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import UnsupportedOpError
+from ..ir import Graph, Node, TensorType, Value
+from ..ops import lookup
+from ..plan.specialize import specialize
+
+MS = "com.microsoft"
+
+
+class GradContext:
+    """What a gradient rule sees: its forward node with types, and a way to emit backward nodes.
+
+    Types come from planning the forward graph with each symbolic dimension bound to a distinct prime
+    (never 1), so a dimension of size 1 is really 1: that is all broadcasting reductions need. Rules that
+    need a runtime shape use ``shape_of`` (a ``Shape`` node, folded when planning), never the probe sizes.
+    """
+
+    def __init__(self, walk: "_Walk", node: Node, in_types, out_types, needs: list[bool], opset: int):
+        self._walk = walk
+        self.node = node
+        self.in_types: list[TensorType | None] = in_types
+        self.out_types: list[TensorType | None] = out_types
+        self.needs = needs
+        self.opset = opset
+        self._count = 0
+
+    # -- the forward node ---------------------------------------------------------------------------------
+    def x(self, i: int) -> str:
+        return self.node.inputs[i]
+
+    def y(self, i: int = 0) -> str:
+        return self.node.outputs[i]
+
+    def attr(self, name: str, default=None):
+        v = self.node.attrs.get(name)
+        return default if v is None else v
+
+    def error(self, msg: str):
+        return UnsupportedOpError(f"{self.node} (opset {self.opset}): {msg}")
+
+    def const_input(self, i: int) -> np.ndarray | None:
+        return self._walk.consts.get(self.node.inputs[i]) if i < len(self.node.inputs) else None
+
+    # -- emitting backward nodes --------------------------------------------------------------------------
+    def emit(self, op_type: str, inputs: list[str], attrs: dict | None = None, domain: str = "",
+             outputs: list[str] | None = None, n_out: int = 1):
+        """Append a backward node; return its output name (or names when ``n_out > 1``)."""
+        k = self._count
+        self._count += 1
+        base = f"{self.node.name}_Grad/{op_type}_{k}"
+        outputs = outputs or ([f"{base}_out"] if n_out == 1 else [f"{base}_out{j}" for j in range(n_out)])
+        self._walk.emit(Node(op_type, list(inputs), list(outputs), dict(attrs or {}), base, domain))
+        return outputs[0] if n_out == 1 else outputs
+
+    def const(self, value, dtype, label: str) -> str:
+        name = f"{self.node.name}_Grad/{label}_{self._count}"
+        self._count += 1
+        self._walk.initializers[name] = np.asarray(value, dtype=dtype)
+        return name
+
+    def shape_of(self, value: str) -> str:
+        return self.emit("Shape", [value])
+
+    def unbroadcast(self, dy: str, i: int, dy_shape: tuple | None = None) -> str:
+        """Sum ``dy`` (shaped like output 0, or ``dy_shape``) over the axes input ``i`` was broadcast along."""
+        out, shape = dy_shape or self.out_types[0].shape, self.in_types[i].shape
+        rank = len(out)
+        lead = rank - len(shape)
+        padded = (1,) * lead + tuple(shape)
+        axes = [d for d in range(rank) if d < lead or (padded[d] == 1 and out[d] != 1)]
+        if not axes:
+            return dy
+        axes_name = self.const(np.array(axes), np.int64, "axes")
+        if all(d < lead for d in axes):       # only the leading axes: they simply go away
+            return self.emit("ReduceSum", [dy, axes_name], {"keepdims": 0})
+        summed = self.emit("ReduceSum", [dy, axes_name], {"keepdims": 1})
+        return summed if not lead else self.emit("Reshape", [summed, self.shape_of(self.x(i))])
+
+
+class _Walk:
+    def __init__(self, graph: Graph):
+        self.nodes: list[Node] = []
+        self.initializers: dict[str, np.ndarray] = {}
+        self.consts = graph.initializers
+
+    def emit(self, node: Node):
+        self.nodes.append(node)
+
+
+def _probe_types(graph: Graph, wrt: set[str]) -> dict[str, TensorType]:
+    primes = iter([7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47])
+    symbols: dict[str, int] = {}
+    inputs = {}
+    for v in graph.inputs:
+        dims = tuple(d if isinstance(d, int) else symbols.setdefault(str(d), next(primes)) for d in v.type.shape)
+        inputs[v.name] = TensorType(v.type.dtype, dims)
+    consts = {k: a for k, a in graph.initializers.items() if k not in wrt}
+    for name in wrt:
+        if name in graph.initializers:
+            inputs[name] = TensorType(graph.initializers[name].dtype, graph.initializers[name].shape)
+    outputs = [v.name for v in graph.outputs]
+    return specialize(graph, inputs, outputs, consts).types
+
+
+def with_saved_outputs(graph: Graph) -> Graph:
+    """A copy whose nodes have every optional output their gradient rule reads (``OpDef.grad_outputs``):
+    SoftmaxCrossEntropyLoss's log_prob, LayerNormalization's mean and inv_std_dev, MaxPool's indices, ..."""
+    nodes = []
+    for node in graph.nodes:
+        want = lookup(node, graph.opset(node.domain)).grad_outputs
+        outputs = list(node.outputs) + [""] * (want - len(node.outputs))
+        outputs = [o or f"{node.name}_saved_{k}" for k, o in enumerate(outputs[:want])] + outputs[want:]
+        nodes.append(Node(node.op_type, list(node.inputs), outputs, dict(node.attrs), node.name, node.domain))
+    return Graph(nodes, graph.inputs, graph.outputs, graph.initializers, graph.opsets, graph.value_types,
+                 graph.name)
+
+
+def gradient_graph(graph: Graph, loss: str, wrt: list[str]) -> tuple[list[Node], dict[str, np.ndarray], dict]:
+    """Backward nodes computing ``<p>_grad`` for each ``p`` in ``wrt`` from the scalar ``loss``.
+
+    ``graph`` must already have the outputs the rules read (``with_saved_outputs``).
+    Returns (backward nodes, new initializers, {p: gradient name}).
+    """
+    types = _probe_types(graph, set(wrt))
+    # values that depend on a parameter (forward reachability) and lead to the loss (backward reachability)
+    depends = set(wrt)
+    for n in graph.nodes:
+        if any(i in depends for i in n.inputs if i):
+            depends.update(o for o in n.outputs if o)
+    if loss not in depends:
+        raise UnsupportedOpError(f"loss '{loss}' does not depend on any of the parameters {sorted(wrt)}")
+    walk = _Walk(graph)
+    seed = f"{loss}_grad"
+    walk.initializers[seed] = np.ones(types[loss].shape, types[loss].dtype)
+    grads: dict[str, list[str]] = {loss: [seed]}
+    for node in reversed(graph.nodes):
+        dys = [_total(walk, grads.pop(o, None), o) if o else None for o in node.outputs]
+        if all(d is None for d in dys):
+            continue
+        needs = [bool(i) and i in depends for i in node.inputs]
+        if not any(needs):
+            continue
+        opset = graph.opset(node.domain)
+        op = lookup(node, opset)
+        if op.vjp is None:
+            raise UnsupportedOpError(f"{node} (opset {opset}) has no gradient rule, and its input(s) "
+                                     f"{[i for i, n in zip(node.inputs, needs) if n]} need one")
+        ctx = GradContext(walk, node, [types.get(i) if i else None for i in node.inputs],
+                          [types.get(o) if o else None for o in node.outputs], needs, opset)
+        dxs = list(op.vjp(ctx, dys))
+        for i, (name, dx) in enumerate(zip(node.inputs, dxs + [None] * (len(node.inputs) - len(dxs)))):
+            if dx is not None and needs[i]:
+                grads.setdefault(name, []).append(dx)
+    result = {}
+    for p in wrt:
+        parts = grads.get(p)
+        if not parts:
+            raise UnsupportedOpError(f"parameter '{p}' does not reach the loss '{loss}': it gets no gradient")
+        result[p] = _total(walk, parts, p)
+        if result[p] != f"{p}_grad":
+            walk.emit(Node("Identity", [result[p]], [f"{p}_grad"], {}, f"{p}_grad/Identity"))
+            result[p] = f"{p}_grad"
+    return walk.nodes, walk.initializers, result
+
+
+def _total(walk: _Walk, parts: list[str] | None, value: str) -> str | None:
+    """The gradient of ``value``: its one contribution, or the Sum of several (named ``value_grad``)."""
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    name = f"{value}_grad"
+    walk.emit(Node("Sum", list(parts), [name], {}, f"{value}_grad/Sum"))
+    return name
+
+
+def with_gradients(graph: Graph, loss: str, wrt: list[str]) -> Graph:
+    """A copy of ``graph`` whose parameters are inputs and whose outputs are the loss and ``<p>_grad``."""
+    graph = with_saved_outputs(graph)
+    nodes, inits, grads = gradient_graph(graph, loss, wrt)
+    params = [Value(p, TensorType(graph.initializers[p].dtype, graph.initializers[p].shape)) for p in wrt]
+    initializers = {k: v for k, v in graph.initializers.items() if k not in wrt} | inits
+    loss_value = next(v for v in graph.outputs if v.name == loss)
+    outputs = [loss_value] + [Value(grads[p], params[k].type) for k, p in enumerate(wrt)]
+    ms = {MS: graph.opsets.get(MS, 1)}
+    return Graph(graph.nodes + nodes, graph.inputs + params, outputs, initializers, graph.opsets | ms,
+                 dict(graph.value_types), graph.name).verify()
