@@ -106,23 +106,28 @@ def _probe_types(graph: Graph, wrt: set[str]) -> dict[str, TensorType]:
     return specialize(graph, inputs, outputs, consts).types
 
 
-def with_saved_outputs(graph: Graph) -> Graph:
-    """A copy whose nodes have every optional output their gradient rule reads (``OpDef.grad_outputs``):
-    SoftmaxCrossEntropyLoss's log_prob, LayerNormalization's mean and inv_std_dev, MaxPool's indices, ..."""
+def prepare_for_training(graph: Graph) -> Graph:
+    """A copy whose nodes take their training form (``OpDef.train_form``) and have every optional output
+    their gradient rule reads (``OpDef.grad_outputs``): SoftmaxCrossEntropyLoss's log_prob, MaxPool's
+    indices, LayerNormalization's mean and inv_std_dev, ..."""
     nodes = []
     for node in graph.nodes:
-        want = lookup(node, graph.opset(node.domain)).grad_outputs
+        op = lookup(node, graph.opset(node.domain))
+        if op.train_form is not None:
+            node = op.train_form(node, graph.opset(node.domain))
+            op = lookup(node, graph.opset(node.domain))
+        want = op.grad_outputs
         outputs = list(node.outputs) + [""] * (want - len(node.outputs))
         outputs = [o or f"{node.name}_saved_{k}" for k, o in enumerate(outputs[:want])] + outputs[want:]
         nodes.append(Node(node.op_type, list(node.inputs), outputs, dict(node.attrs), node.name, node.domain))
-    return Graph(nodes, graph.inputs, graph.outputs, graph.initializers, graph.opsets, graph.value_types,
-                 graph.name)
+    opsets = graph.opsets if all(n.domain != MS for n in nodes) else {MS: 1} | graph.opsets
+    return Graph(nodes, graph.inputs, graph.outputs, graph.initializers, opsets, graph.value_types, graph.name)
 
 
 def gradient_graph(graph: Graph, loss: str, wrt: list[str]) -> tuple[list[Node], dict[str, np.ndarray], dict]:
     """Backward nodes computing ``<p>_grad`` for each ``p`` in ``wrt`` from the scalar ``loss``.
 
-    ``graph`` must already have the outputs the rules read (``with_saved_outputs``).
+    ``graph`` must already be in its training form (``prepare_for_training``).
     Returns (backward nodes, new initializers, {p: gradient name}).
     """
     types = _probe_types(graph, set(wrt))
@@ -180,7 +185,7 @@ def _total(walk: _Walk, parts: list[str] | None, value: str) -> str | None:
 
 def with_gradients(graph: Graph, loss: str, wrt: list[str]) -> Graph:
     """A copy of ``graph`` whose parameters are inputs and whose outputs are the loss and ``<p>_grad``."""
-    graph = with_saved_outputs(graph)
+    graph = prepare_for_training(graph)
     nodes, inits, grads = gradient_graph(graph, loss, wrt)
     params = [Value(p, TensorType(graph.initializers[p].dtype, graph.initializers[p].shape)) for p in wrt]
     initializers = {k: v for k, v in graph.initializers.items() if k not in wrt} | inits

@@ -37,6 +37,9 @@ class OpDef:
         the since-version of the ONNX definition edgetrain implements (reduced-build configs name it).
     dtypes
         element types accepted for input ``type_input`` (the op's type constraint ``T``).
+    train_form
+        rewrites a forward node before differentiation when training needs another op, as onnxruntime
+        trains BatchNormalization as com.microsoft BatchNormInternal (which also outputs saved statistics).
     vjp
         the gradient rule (``edgetrain.autodiff``): emits backward nodes, never computes numbers; None means
         the op is not differentiable (gradient ops themselves, integer ops, shape arithmetic).
@@ -55,6 +58,7 @@ class OpDef:
     deterministic: bool = True   # False: never folded, even with constant inputs (training-mode Dropout)
     vjp: Callable | None = None  # gradient rule: (GradContext, [dY or None per output]) -> [dX or None per input]
     grad_outputs: int = 0        # outputs the gradient rule reads; autodiff adds the optional ones missing
+    train_form: Callable | None = None  # (Node, opset) -> Node: the node's form in a training graph, or None
     dtypes: tuple = FLOATS
     type_input: int | None = 0   # the input whose element type ``dtypes`` constrains (None: no input)
     doc: str = ""
