@@ -10,7 +10,7 @@ from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
 from .errors import ModelLoadError, UnsupportedOpError
-from .ir import Graph, Node, TensorType, Value
+from .ir import Graph, Node, SequenceType, TensorType, Value
 from .ir.dtypes import to_numpy, to_onnx
 
 SUPPORTED_ONNX_OPSETS = range(13, 22)
@@ -71,10 +71,13 @@ def _all_tensors(graph):
                 yield a.t
 
 
-def _tensor_type(vi, where: str) -> TensorType:
+def _tensor_type(vi, where: str) -> TensorType | SequenceType:
     tt = vi.type.tensor_type
+    if vi.type.HasField("sequence_type") and vi.type.sequence_type.elem_type.HasField("tensor_type"):
+        elem = vi.type.sequence_type.elem_type.tensor_type.elem_type
+        return SequenceType(to_numpy(elem, f"{where} '{vi.name}'"))
     if not vi.type.HasField("tensor_type"):
-        raise UnsupportedOpError(f"{where} '{vi.name}' is not a tensor (sequences and maps are not supported)")
+        raise UnsupportedOpError(f"{where} '{vi.name}' is not a tensor or a sequence of tensors")
     dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
     return TensorType(to_numpy(tt.elem_type, f"{where} '{vi.name}'"), dims)
 
@@ -128,8 +131,38 @@ _KNOWN_ELEM_TYPES = {1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13}
 def _value_info(v: Value) -> onnx.ValueInfoProto:
     if v.type is None:
         return onnx.helper.make_empty_tensor_value_info(v.name)
+    if isinstance(v.type, SequenceType):
+        return onnx.helper.make_tensor_sequence_value_info(v.name, to_onnx(v.type.dtype), None)
     dims = [d if d is not None else None for d in v.type.shape]
     return onnx.helper.make_tensor_value_info(v.name, to_onnx(v.type.dtype), dims)
+
+
+def tensor_proto(name: str, value: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def tensor_value(t: onnx.TensorProto) -> np.ndarray:
+    return numpy_helper.to_array(t)
+
+
+def ir_version_of(model) -> int:
+    return load_model(model).ir_version
+
+
+def save_model(model: onnx.ModelProto, path) -> None:
+    """Write a model atomically (temporary file, then rename)."""
+    path = Path(os.fspath(path))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(model.SerializeToString())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check(model: onnx.ModelProto) -> None:
+    """onnx's own checker, for a model edgetrain wrote (a second opinion on our IR)."""
+    onnx.checker.check_model(model)
 
 
 def from_graph(graph: Graph, producer: str = "edgetrain", ir_version: int = 8) -> onnx.ModelProto:

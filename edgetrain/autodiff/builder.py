@@ -91,19 +91,44 @@ class _Walk:
         self.nodes.append(node)
 
 
-def _probe_types(graph: Graph, wrt: set[str]) -> dict[str, TensorType]:
-    primes = iter([7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47])
+PRIMES = ((7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47), (53, 59, 61, 67, 71, 73, 79, 83, 89, 97, 101, 103))
+
+
+def _probe_types(graph: Graph, wrt=(), outputs=None, primes=PRIMES[0]) -> dict[str, TensorType]:
+    """Static types of every value with each symbolic dimension bound to a distinct prime (never 1)."""
+    bind = iter(primes)
     symbols: dict[str, int] = {}
     inputs = {}
     for v in graph.inputs:
-        dims = tuple(d if isinstance(d, int) else symbols.setdefault(str(d), next(primes)) for d in v.type.shape)
+        if not isinstance(v.type, TensorType):
+            raise UnsupportedOpError(f"graph input '{v.name}' is not a tensor ({v.type})")
+        dims = tuple(d if isinstance(d, int) else symbols.setdefault(str(d), next(bind)) for d in v.type.shape)
         inputs[v.name] = TensorType(v.type.dtype, dims)
+    wrt = set(wrt)
     consts = {k: a for k, a in graph.initializers.items() if k not in wrt}
     for name in wrt:
         if name in graph.initializers:
             inputs[name] = TensorType(graph.initializers[name].dtype, graph.initializers[name].shape)
-    outputs = [v.name for v in graph.outputs]
+    outputs = outputs if outputs is not None else [v.name for v in graph.outputs]
     return specialize(graph, inputs, outputs, consts).types
+
+
+def symbolic_types(graph: Graph, outputs=None) -> dict[str, TensorType]:
+    """Types of every value with symbolic dims kept: planned twice with different primes per symbol; a
+    dim that moves with one symbol is that symbol, one that moves otherwise (N*64) is unknown (None)."""
+    first, second = (_probe_types(graph, outputs=outputs, primes=p) for p in PRIMES)
+    symbols = {}
+    for v in graph.inputs:
+        for d in v.type.shape:
+            if not isinstance(d, int):
+                symbols.setdefault(str(d), len(symbols))
+    by_pair = {(PRIMES[0][k], PRIMES[1][k]): name for name, k in symbols.items()}
+    types = {}
+    for name, t in first.items():
+        u = second[name]
+        dims = tuple(a if a == b else by_pair.get((a, b)) for a, b in zip(t.shape, u.shape))
+        types[name] = TensorType(t.dtype, dims)
+    return types
 
 
 def prepare_for_training(graph: Graph) -> Graph:
@@ -130,7 +155,7 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str]) -> tuple[list[Node],
     ``graph`` must already be in its training form (``prepare_for_training``).
     Returns (backward nodes, new initializers, {p: gradient name}).
     """
-    types = _probe_types(graph, set(wrt))
+    types = _probe_types(graph, wrt)
     # values that depend on a parameter (forward reachability) and lead to the loss (backward reachability)
     depends = set(wrt)
     for n in graph.nodes:
@@ -140,7 +165,13 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str]) -> tuple[list[Node],
         raise UnsupportedOpError(f"loss '{loss}' does not depend on any of the parameters {sorted(wrt)}")
     walk = _Walk(graph)
     seed = f"{loss}_grad"
-    walk.initializers[seed] = np.ones(types[loss].shape, types[loss].dtype)
+    loss_type = types[loss]
+    if loss_type.size == 1:     # a scalar (or [1]) loss: a constant seed, as onnxruntime writes it
+        walk.initializers[seed] = np.ones(loss_type.shape, loss_type.dtype)
+    else:                       # ones shaped like the loss at run time (its dims may be symbolic)
+        walk.emit(Node("Shape", [loss], [f"{loss}_shape"], {}, f"{loss}_grad/Shape"))
+        walk.emit(Node("ConstantOfShape", [f"{loss}_shape"], [seed], {"value": np.ones(1, loss_type.dtype)},
+                       f"{loss}_grad/ConstantOfShape"))
     grads: dict[str, list[str]] = {loss: [seed]}
     for node in reversed(graph.nodes):
         dys = [_total(walk, grads.pop(o, None), o) if o else None for o in node.outputs]

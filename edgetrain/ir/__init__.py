@@ -43,10 +43,22 @@ class TensorType:
 
 
 @dataclass(frozen=True)
+class SequenceType:
+    """A sequence of tensors of one element type (optimizer models take parameters as sequences)."""
+    dtype: np.dtype
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+
+    def __str__(self) -> str:
+        return f"seq({ORT_TYPE_NAME.get(self.dtype, str(self.dtype))})"
+
+
+@dataclass(frozen=True)
 class Value:
-    """A named graph input or output with its (possibly symbolic) type."""
+    """A named graph input or output with its (possibly symbolic) type; None until planning if undeclared."""
     name: str
-    type: TensorType
+    type: TensorType | SequenceType | None
 
 
 @dataclass

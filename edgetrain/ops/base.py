@@ -37,6 +37,9 @@ class OpDef:
         the since-version of the ONNX definition edgetrain implements (reduced-build configs name it).
     dtypes
         element types accepted for input ``type_input`` (the op's type constraint ``T``).
+    eval_form
+        rewrites a node for the eval model (Dropout without training mode, BatchNormalization with
+        training_mode=0 and without running-statistics outputs).
     train_form
         rewrites a forward node before differentiation when training needs another op, as onnxruntime
         trains BatchNormalization as com.microsoft BatchNormInternal (which also outputs saved statistics).
@@ -59,6 +62,7 @@ class OpDef:
     vjp: Callable | None = None  # gradient rule: (GradContext, [dY or None per output]) -> [dX or None per input]
     grad_outputs: int = 0        # outputs the gradient rule reads; autodiff adds the optional ones missing
     train_form: Callable | None = None  # (Node, opset) -> Node: the node's form in a training graph, or None
+    eval_form: Callable | None = None   # (Node, opset) -> Node: the node's form in an eval model, or None
     dtypes: tuple = FLOATS
     type_input: int | None = 0   # the input whose element type ``dtypes`` constrains (None: no input)
     doc: str = ""

@@ -1,0 +1,82 @@
+"""Training and eval graphs with onnxruntime's conventions, from a forward graph that ends in a loss.
+
+Training model I/O, exactly as ORT 1.19 writes it:
+    inputs   user inputs (and labels/targets), parameters in initializer order (trainable and frozen),
+             ``<p>_grad.accumulation.buffer`` per trainable parameter, ``lazy_reset_grad`` (bool[1])
+    outputs  the loss, additional outputs, ``<p>_grad.accumulation.out`` (bool[1]) per trainable parameter
+Each gradient is accumulated by an ``InPlaceAccumulatorV2`` node into its buffer, overwritten instead when
+``lazy_reset_grad`` is set. The eval model takes the same user inputs and parameters and returns the loss and
+additional outputs, with every node in its eval form (Dropout off, BatchNormalization on running statistics).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import EdgetrainError
+from ..ir import Graph, Node, TensorType, Value
+from ..ops import lookup
+from .builder import MS, gradient_graph, prepare_for_training
+
+RESET = "lazy_reset_grad"
+
+
+def _params(graph: Graph, requires_grad: list[str], frozen: list[str]) -> list[str]:
+    """Trainable and frozen parameters in the order of the graph's initializers (ORT's order)."""
+    overlap = set(requires_grad) & set(frozen)
+    if overlap:
+        raise EdgetrainError(f"parameters {sorted(overlap)} are listed as both requiring grad and frozen")
+    missing = [p for p in list(requires_grad) + list(frozen) if p not in graph.initializers]
+    if missing:
+        raise EdgetrainError(f"{missing} are not initializers of graph '{graph.name}'; initializers: "
+                             f"{sorted(graph.initializers)[:20]}")
+    wanted = set(requires_grad) | set(frozen)
+    return [name for name in graph.initializers if name in wanted]
+
+
+def _value(graph: Graph, name: str) -> Value:
+    a = graph.initializers[name]
+    return Value(name, TensorType(a.dtype, a.shape))
+
+
+def _outputs(graph: Graph, names: list[str]) -> list[Value]:
+    declared = {v.name: v for v in graph.outputs}
+    missing = [n for n in names if n not in declared]
+    if missing:
+        raise EdgetrainError(f"{missing} are not outputs of graph '{graph.name}'")
+    return [declared[n] for n in names]
+
+
+def training_graph(graph: Graph, loss: str, requires_grad: list[str], frozen: list[str] = (),
+                   additional_outputs: list[str] = ()) -> Graph:
+    params = _params(graph, requires_grad, frozen)
+    trainable = [p for p in params if p in set(requires_grad)]
+    prepared = prepare_for_training(graph)
+    backward, grad_inits, grads = gradient_graph(prepared, loss, trainable)
+    flag = TensorType(np.bool_, (1,))
+    accumulate, buffers, flags = [], [], []
+    for k, p in enumerate(trainable, start=1):
+        buffer = f"{p}_grad.accumulation.buffer"
+        out = f"{p}_grad.accumulation.out"
+        accumulate.append(Node("InPlaceAccumulatorV2", [buffer, grads[p], RESET], [out], {},
+                               f"GradientAccumulator{k}", MS))
+        buffers.append(Value(buffer, _value(graph, p).type))
+        flags.append(Value(out, flag))
+    inputs = list(graph.inputs) + [_value(graph, p) for p in params] + buffers + [Value(RESET, flag)]
+    outputs = _outputs(graph, [loss] + list(additional_outputs)) + flags
+    constants = {k: v for k, v in graph.initializers.items() if k not in set(params)} | grad_inits
+    return Graph(prepared.nodes + backward + accumulate, inputs, outputs, constants,
+                 {MS: 1} | prepared.opsets, dict(graph.value_types), graph.name).verify()
+
+
+def eval_graph(graph: Graph, loss: str, requires_grad: list[str], frozen: list[str] = (),
+               additional_outputs: list[str] = ()) -> Graph:
+    params = _params(graph, requires_grad, frozen)
+    nodes = []
+    for node in graph.nodes:
+        op = lookup(node, graph.opset(node.domain))
+        nodes.append(op.eval_form(node, graph.opset(node.domain)) if op.eval_form else node)
+    inputs = list(graph.inputs) + [_value(graph, p) for p in params]
+    outputs = _outputs(graph, [loss] + list(additional_outputs))
+    constants = {k: v for k, v in graph.initializers.items() if k not in set(params)}
+    return Graph(nodes, inputs, outputs, constants, dict(graph.opsets), dict(graph.value_types),
+                 graph.name).verify()

@@ -1,0 +1,86 @@
+"""Training and eval graphs follow onnxruntime's conventions, and their accumulators behave as ORT's."""
+import numpy as np
+import onnx
+import pytest
+
+import edgetrain
+from edgetrain.autodiff.training import eval_graph, training_graph
+from edgetrain.ir import Node, TensorType, Value
+from edgetrain.onnx_io import from_graph, to_graph
+from edgetrain.plan import make_plan
+from edgetrain.runtime import Program
+from edgetrain.session import bind_feeds
+
+
+def with_cross_entropy(path):
+    g = to_graph(str(path))
+    batch = g.inputs[0].type.shape[0]
+    g.nodes.append(Node("SoftmaxCrossEntropyLoss", ["output", "labels"], ["loss"], {"reduction": "mean"}, "sce"))
+    g.inputs.append(Value("labels", TensorType(np.int64, (batch,))))
+    g.outputs = [Value("loss", TensorType(np.float32, ()))]
+    return g
+
+
+def _names(values):
+    return [v.name for v in values]
+
+
+@pytest.mark.parametrize("name", ["mlp", "digits", "cnn"])
+def test_training_model_io_matches_onnxruntime(shared, name):
+    g = with_cross_entropy(shared / "models" / f"{name}.onnx")
+    params = list(g.initializers)
+    ours = training_graph(g, "loss", params)
+    theirs = onnx.load(str(shared / "ort_artifacts" / name / "training_model.onnx")).graph
+    assert _names(ours.inputs) == [i.name for i in theirs.input]
+    assert _names(ours.outputs)[1:] == [o.name for o in theirs.output][1:]   # the loss name is ORT's counter
+    assert [str(v.type) for v in ours.inputs] == [
+        str(to_graph(str(shared / "ort_artifacts" / name / "training_model.onnx")).inputs[k].type)
+        for k in range(len(ours.inputs))]
+    evaluation = eval_graph(g, "loss", params)
+    theirs_eval = onnx.load(str(shared / "ort_artifacts" / name / "eval_model.onnx")).graph
+    assert _names(evaluation.inputs) == [i.name for i in theirs_eval.input]
+    onnx.checker.check_model(from_graph(ours))
+
+
+def test_frozen_params_are_inputs_without_gradients(shared):
+    g = with_cross_entropy(shared / "models" / "mlp.onnx")
+    ours = training_graph(g, "loss", ["fc3.weight", "fc3.bias"], frozen=["fc1.weight"])
+    names = _names(ours.inputs)
+    assert "fc1.weight" in names and "fc1.weight_grad.accumulation.buffer" not in names
+    assert "fc2.weight" not in names and "fc2.weight" in ours.initializers   # neither: stays a constant
+    assert _names(ours.outputs)[1:] == ["fc3.weight_grad.accumulation.out", "fc3.bias_grad.accumulation.out"]
+    with pytest.raises(edgetrain.EdgetrainError, match="both"):
+        training_graph(g, "loss", ["fc1.weight"], frozen=["fc1.weight"])
+    with pytest.raises(edgetrain.EdgetrainError, match="nope"):
+        training_graph(g, "loss", ["nope"])
+
+
+def test_accumulators_overwrite_or_add_as_lazy_reset_grad_says(shared):
+    g = with_cross_entropy(shared / "models" / "digits.onnx")
+    params = list(g.initializers)
+    train = training_graph(g, "loss", params)
+    rng = np.random.default_rng(0)
+    feeds = {"input": rng.standard_normal((8, 64)).astype(np.float32), "labels": rng.integers(0, 10, 8)}
+    feeds |= {p: g.initializers[p] for p in params}
+    feeds |= {f"{p}_grad.accumulation.buffer": np.full(g.initializers[p].shape, 7.0, np.float32) for p in params}
+    plan = make_plan(train, bind_feeds(train.inputs, {**feeds, "lazy_reset_grad": np.ones(1, bool)}, "t"),
+                     _names(train.outputs))
+    prog = Program(plan)
+    buffers = [prog.values[f"{p}_grad.accumulation.buffer"] for p in params]
+
+    def step(reset):
+        f = {**feeds, "lazy_reset_grad": np.array([reset])}
+        outs = prog.run([f[v.name] for v in train.inputs])
+        assert all(bool(flag[0]) for flag in outs[1:])
+        return [b.copy() for b in buffers]
+
+    once = step(True)          # overwritten: exactly one step's gradient, whatever the buffer held
+    twice = step(True)
+    np.testing.assert_array_equal(once[0], twice[0])
+    assert not np.allclose(once[0], 7.0)
+    # the same gradient as a plain gradient graph computes
+    from edgetrain.autodiff.builder import with_gradients
+    plain = edgetrain.InferenceSession(from_graph(with_gradients(g, "loss", params)).SerializeToString())
+    expect = plain.run(None, {k: feeds[k] for k in ["input", "labels"] + params})[1:]
+    for a, b in zip(once, expect):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
