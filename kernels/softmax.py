@@ -179,16 +179,19 @@ def _softmax_strided(x, y, ws, log):
 
 # --- SoftmaxCrossEntropyLoss ------------------------------------------------------------------------------
 
+def _sce_config(ctx, scores_input: int):
+    """Scores viewed as [n, c, d]; reduction index; ignore_index as (has, value)."""
+    shape = ctx.shape(scores_input)
+    n, c, d = int(shape[0]), int(shape[1]), int(np.prod(shape[2:], dtype=np.int64))
+    ignore = ctx.attr("ignore_index", None)
+    return n, c, d, REDUCTIONS.index(sce_reduction(ctx)), ignore is not None, int(ignore or 0)
+
+
 def softmax_cross_entropy(ctx):
     """log_prob = LogSoftmax(scores, axis=1); loss[i, d] = -log_prob[i, label, d] * w[label] (0 where
     label == ignore_index), then summed, or divided by the sum of the weights of the non-ignored samples."""
     shape = ctx.shape(0)
-    n, c = int(shape[0]), int(shape[1])
-    d = int(np.prod(shape[2:], dtype=np.int64))
-    reduction = REDUCTIONS.index(sce_reduction(ctx))
-    ignore = ctx.attr("ignore_index", None)
-    has_ignore = ignore is not None
-    ignore = int(ignore) if has_ignore else 0
+    n, c, d, reduction, has_ignore, ignore = _sce_config(ctx, 0)
     has_weights = ctx.has_input(2)
     n_in = len(ctx.node.inputs)
     want_log_prob = len(ctx.node.outputs) > 1 and bool(ctx.node.outputs[1])
@@ -252,13 +255,7 @@ def _sce(x, labels, weights, has_weights, has_ignore, ignore, reduction, loss, l
 
 
 def softmax_cross_entropy_grad(ctx):
-    shape = ctx.shape(1)
-    n, c = int(shape[0]), int(shape[1])
-    d = int(np.prod(shape[2:], dtype=np.int64))
-    reduction = REDUCTIONS.index(sce_reduction(ctx))
-    ignore = ctx.attr("ignore_index", None)
-    has_ignore = ignore is not None
-    ignore = int(ignore) if has_ignore else 0
+    n, c, d, reduction, has_ignore, ignore = _sce_config(ctx, 1)
     has_weights = len(ctx.node.inputs) > 3 and bool(ctx.node.inputs[3])
     dummy_w = np.ones(1, ctx.type(1).dtype)
     n_in = len(ctx.node.inputs)
