@@ -8,16 +8,21 @@ from edgetrain.plan import make_plan
 from edgetrain.runtime import Program
 from edgetrain.session import bind_feeds
 
+BUFFER = "_grad.accumulation.buffer"
+
 
 def train_step(model, feeds: dict[str, np.ndarray], params: dict[str, np.ndarray]):
-    """(loss, {param: gradient}) of one step with lazy_reset_grad set, from a training ModelProto."""
+    """(loss, {param: gradient}) of one step with lazy_reset_grad set, from a training ModelProto.
+
+    Parameters and gradient buffers are bound as external arrays, as the training runtime binds its state."""
     graph = to_graph(model)
     names = [v.name for v in graph.inputs]
-    trainable = [n[: -len("_grad.accumulation.buffer")] for n in names if n.endswith("_grad.accumulation.buffer")]
-    all_feeds = dict(feeds) | dict(params) | {"lazy_reset_grad": np.ones(1, bool)}
-    all_feeds |= {f"{p}_grad.accumulation.buffer": np.zeros_like(params[p]) for p in trainable}
-    plan = make_plan(graph, bind_feeds(graph.inputs, all_feeds, "training model"), [v.name for v in graph.outputs])
-    prog = Program(plan)
-    outs = prog.run([all_feeds[n] for n in names])
-    grads = {p: prog.values[f"{p}_grad.accumulation.buffer"].copy() for p in trainable}
-    return np.array(outs[0]), grads
+    trainable = [n[: -len(BUFFER)] for n in names if n.endswith(BUFFER)]
+    state = {p: np.ascontiguousarray(a) for p, a in params.items()}
+    state |= {f"{p}{BUFFER}": np.zeros_like(params[p]) for p in trainable}
+    fed = dict(feeds) | {"lazy_reset_grad": np.ones(1, bool)}
+    plan = make_plan(graph, bind_feeds(graph.inputs, fed | state, "training model"),
+                     [v.name for v in graph.outputs], external=state)
+    prog = Program(plan, state)
+    outs = prog.run([fed[n] for n in plan.fed_inputs])
+    return np.array(outs[0]), {p: state[f"{p}{BUFFER}"] for p in trainable}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import config
-from ..errors import MemoryBudgetError
+from ..errors import EdgetrainError, MemoryBudgetError
 from ..ir import Graph, TensorType
 from .fusion import Step, fuse
 from .lower import lower
@@ -26,6 +26,12 @@ class Plan:
     spec: Specialized
     steps: list[Step]
     memory: MemoryPlan
+    external: frozenset[str] = frozenset()   # inputs bound to arrays outside the arena
+
+    @property
+    def fed_inputs(self) -> list[str]:
+        """The inputs ``Program.run`` takes, in order: every graph input that is not external."""
+        return [n for n in self.spec.input_names if n not in self.external]
 
     @property
     def arena_bytes(self) -> int:
@@ -66,13 +72,20 @@ def _mb(n: int) -> str:
 
 
 def make_plan(graph: Graph, input_types: dict[str, TensorType], output_names: list[str],
-              consts: dict[str, np.ndarray] | None = None, max_memory: int | None = None) -> Plan:
+              consts: dict[str, np.ndarray] | None = None, max_memory: int | None = None,
+              external=()) -> Plan:
+    """``external``: inputs that a caller binds to persistent arrays (parameters, gradient buffers), which
+    kernels may update in place; they take no arena bytes and are not copied per run."""
+    external = frozenset(external)
+    unknown = external - set(input_types)
+    if unknown:
+        raise EdgetrainError(f"external inputs {sorted(unknown)} are not inputs of graph '{graph.name}'")
     spec = lower(specialize(graph, input_types, output_names, consts))
     steps = fuse(spec, enabled=config.fusion_enabled())
     workspaces = {s: step.nodes[0].op.workspace(step.nodes[0].ctx) for s, step in enumerate(steps)
                   if step.kind == "kernel" and step.nodes[0].op.workspace is not None}
-    memory = plan_memory(spec, steps, workspaces, reuse=config.planner_enabled())
-    plan = Plan(spec, steps, memory)
+    memory = plan_memory(spec, steps, workspaces, reuse=config.planner_enabled(), external=external)
+    plan = Plan(spec, steps, memory, external)
     if max_memory is not None and plan.arena_bytes > max_memory:
         biggest = sorted(memory.buffers, key=lambda b: -b.nbytes)[:5]
         raise MemoryBudgetError(

@@ -42,7 +42,8 @@ class MemoryPlan:
 
 
 def plan_memory(spec: Specialized, steps: list[Step], workspace_types: dict[int, list[TensorType]],
-                reuse: bool = True) -> MemoryPlan:
+                reuse: bool = True, external: frozenset[str] = frozenset()) -> MemoryPlan:
+    """``external`` inputs live outside the arena (the state store binds them), so they get no buffer."""
     n = len(steps)
     last_use: dict[str, int] = {}
     for s, step in enumerate(steps):
@@ -64,6 +65,8 @@ def plan_memory(spec: Specialized, steps: list[Step], workspace_types: dict[int,
         buffers[b].end = max(buffers[b].end, last_use.get(name, buffers[b].start))
 
     for name in spec.input_names:
+        if name in external:
+            continue
         value_buffer[name] = new_buffer(name, spec.types[name], -1, held=True)
         buffers[value_buffer[name]].end = n
 
@@ -71,7 +74,7 @@ def plan_memory(spec: Specialized, steps: list[Step], workspace_types: dict[int,
     for s, step in enumerate(steps):
         if step.kind == "alias":
             src, out = step.inputs[0], step.outputs[0]
-            if src in spec.consts:
+            if src not in value_buffer:     # a view of a constant or of an external array
                 continue
             b = value_buffer[src]
             value_buffer[out] = b

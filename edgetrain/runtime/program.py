@@ -10,6 +10,7 @@ import importlib
 import numpy as np
 
 from .. import codegen, config
+from ..errors import InputError
 from ..plan import Plan
 from .threads import limit_blas_threads
 
@@ -25,6 +26,19 @@ def launcher(kernel: str):
     return getattr(importlib.import_module(f"edgetrain.kernels.{family}"), name)
 
 
+def _bind_external(plan: Plan, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    missing = sorted(plan.external - set(arrays))
+    extra = sorted(set(arrays) - plan.external)
+    if missing or extra:
+        raise InputError(f"external arrays: missing {missing}, unexpected {extra}")
+    for name, a in arrays.items():
+        t = plan.spec.types[name]
+        if not isinstance(a, np.ndarray) or a.dtype != t.dtype or a.shape != t.shape or not a.flags.c_contiguous:
+            got = f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
+            raise InputError(f"external array '{name}' must be a C-contiguous {t}, got {got}")
+    return dict(arrays)
+
+
 def _kernel_ready(c: np.ndarray) -> np.ndarray:
     """C-contiguous and writeable (Numba types read-only arrays apart: one more compile per kernel); 0-d kept."""
     c = np.asarray(c)
@@ -32,14 +46,21 @@ def _kernel_ready(c: np.ndarray) -> np.ndarray:
 
 
 class Program:
-    def __init__(self, plan: Plan):
+    """``external`` binds the plan's external inputs to persistent arrays (C-contiguous, of the planned type);
+    kernels read them and in-place ops write them directly. Update them in place, never rebind."""
+
+    def __init__(self, plan: Plan, external: dict[str, np.ndarray] | None = None):
         limit_blas_threads(config.num_threads())
         self.plan = plan
         spec, mem = plan.spec, plan.memory
         self.arena = aligned_empty(plan.arena_bytes)
         self.values: dict[str, np.ndarray] = {name: _kernel_ready(c) for name, c in spec.consts.items()}
+        self.values.update(_bind_external(plan, external or {}))
         for name, b in mem.value_buffer.items():
             self.values[name] = self._view(mem.buffers[b].offset, spec.types[name])
+        for step in plan.steps:        # views of constants and external arrays
+            if step.kind == "alias" and step.outputs[0] not in self.values:
+                self.values[step.outputs[0]] = self.values[step.inputs[0]].reshape(spec.types[step.outputs[0]].shape)
         self.calls: list[tuple] = []
         for s, step in enumerate(plan.steps):
             if step.kind == "alias":
@@ -57,13 +78,14 @@ class Program:
                 args = [self.values[i] if i else None for i in step.inputs]
                 args += [self.values[o] if o else None for o in step.outputs] + ws
             self.calls.append((fn, tuple(args)))
-        self.input_slots = [self.values[name] for name in spec.input_names]
+        self.input_slots = [self.values[name] for name in plan.fed_inputs]
         self.outputs = [self.values[name] for name in spec.output_names]
 
     def _view(self, offset: int, t) -> np.ndarray:
         return self.arena[offset:offset + t.nbytes].view(t.dtype).reshape(t.shape)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """``inputs``: one array per ``plan.fed_inputs``; returns views valid until the next run."""
         for slot, x in zip(self.input_slots, inputs):
             np.copyto(slot, x)
         for fn, args in self.calls:
