@@ -1,4 +1,5 @@
-"""Data-movement kernels: numpy copies into preallocated outputs; Resize's gathers are jitted.
+"""Data-movement kernels: numpy copies into preallocated outputs; Gather, GatherGrad and Resize(Grad) are
+jitted loops.
 
 Launchers receive ``(inputs..., outputs..., workspaces...)`` with one slot per node input and output.
 """
@@ -8,8 +9,18 @@ import builtins
 
 import numpy as np
 
-from edgetrain.ops.tensor import (RESIZE_RANK, dropout_ratio, pad_widths, resize_tables, slice_spec,
-                                  split_sizes, transpose_perm)
+from edgetrain.ops.tensor import (
+    RESIZE_RANK,
+    dropout_grad_scale,
+    dropout_ratio,
+    pad_widths,
+    resize_grad_view,
+    resize_tables,
+    slice_grad_view,
+    slice_spec,
+    split_sizes,
+    transpose_perm,
+)
 
 from ._jit import jit
 
@@ -63,6 +74,50 @@ def _gather(x, idx, y):
             j = idx[k] + size if idx[k] < 0 else idx[k]
             y[o, k, :] = x[o, j, :]
     return -1
+
+
+def gather_grad(ctx):
+    """GatherGrad: zeros, then each dY row added at its index (repeated indices accumulate)."""
+    data = tuple(int(d) for d in ctx.const(0, "shape").reshape(-1))
+    axis = ctx.attr("axis", 0) % len(data)
+    size = data[axis]
+    outer, inner = int(np.prod(data[:axis], dtype=np.int64)), int(np.prod(data[axis + 1:], dtype=np.int64))
+    n = ctx.type(1).size
+
+    def run(_shape, idx, dy, dx):
+        bad = _gather_grad(dy.reshape(outer, n, inner), idx.reshape(n), dx.reshape(outer, size, inner))
+        if bad >= 0:
+            raise IndexError(f"{ctx.node}: index {idx.reshape(n)[bad]} (at flat position {bad}) is out of range "
+                             f"for axis {axis} of size {size}")
+    return run
+
+
+@jit
+def _gather_grad(dy, idx, dx):
+    size = dx.shape[1]
+    for k in range(idx.shape[0]):
+        if idx[k] < -size or idx[k] >= size:
+            return k
+    for o in range(dx.shape[0]):
+        for j in range(size):
+            for m in range(dx.shape[2]):
+                dx[o, j, m] = 0
+        for k in range(idx.shape[0]):
+            j = idx[k] + size if idx[k] < 0 else idx[k]
+            for m in range(dx.shape[2]):
+                dx[o, j, m] += dy[o, k, m]
+    return -1
+
+
+def slice_grad(ctx):
+    """SliceGrad: zeros with dY written into the slice of dX."""
+    spec = slice_spec(slice_grad_view(ctx))
+
+    def run(dy, *rest):
+        dx = rest[-1]
+        dx.fill(0)
+        np.copyto(dx[spec], dy)
+    return run
 
 
 def slice(ctx):  # noqa: A001 (named after the op)
@@ -148,6 +203,22 @@ def dropout(ctx):
     return run
 
 
+def dropout_grad(ctx):
+    """DropoutGrad: dX = dY * mask / (1 - ratio), or a copy of dY when the Dropout dropped nothing."""
+    scale = dropout_grad_scale(ctx)
+    scale = None if scale is None else ctx.type(0).dtype.type(scale)
+    n_in = len(ctx.node.inputs)
+
+    def run(*args):
+        dy, mask, dx = args[0], args[1], args[n_in]
+        if scale is None:
+            np.copyto(dx, dy)
+        else:
+            np.multiply(dy, mask, out=dx)
+            np.multiply(dx, scale, out=dx)
+    return run
+
+
 @jit
 def _resize_nearest(x, y, i0, i1, i2, i3):
     for a in range(y.shape[0]):
@@ -189,4 +260,54 @@ def resize(ctx):
             _resize_bilinear(x, y, i0, i1, lo2, hi2, w2, lo3, hi3, w3)
         else:
             _resize_nearest(x, y, i0, i1, lo2, lo3)
+    return run
+
+
+@jit
+def _resize_nearest_grad(dy, dx, i0, i1, i2, i3):
+    dx[:] = 0
+    for a in range(dy.shape[0]):
+        for b in range(dy.shape[1]):
+            for c in range(dy.shape[2]):
+                for d in range(dy.shape[3]):
+                    dx[i0[a], i1[b], i2[c], i3[d]] += dy[a, b, c, d]
+
+
+@jit
+def _resize_bilinear_grad(dy, dx, i0, i1, lo2, hi2, w2, lo3, hi3, w3):
+    """The transpose of ``_resize_bilinear``: each output gradient split over its four source pixels."""
+    dx[:] = 0
+    for a in range(dy.shape[0]):
+        p = i0[a]
+        for b in range(dy.shape[1]):
+            q = i1[b]
+            for c in range(dy.shape[2]):
+                l2, h2, v = lo2[c], hi2[c], w2[c]
+                for d in range(dy.shape[3]):
+                    l3, h3, u = lo3[d], hi3[d], w3[d]
+                    g = dy[a, b, c, d]
+                    top, bottom = g * (1.0 - v), g * v
+                    dx[p, q, l2, l3] += top * (1.0 - u)
+                    dx[p, q, l2, h3] += top * u
+                    dx[p, q, h2, l3] += bottom * (1.0 - u)
+                    dx[p, q, h2, h3] += bottom * u
+
+
+def resize_grad(ctx):
+    """ResizeGrad: the Resize kernel transposed, from the same index / weight tables."""
+    fwd = resize_grad_view(ctx)
+    tables = resize_tables(fwd)
+    pad = RESIZE_RANK - len(fwd.shape(0))
+    in4 = (1,) * pad + tuple(fwd.shape(0))
+    out4 = (1,) * pad + tuple(ctx.shape(0))
+    linear = ctx.attr("mode", "nearest") == "linear"
+    n_in = len(ctx.node.inputs)
+    (i0, _, _), (i1, _, _), (lo2, hi2, w2), (lo3, hi3, w3) = tables
+
+    def run(*args):
+        dy, dx = args[0].reshape(out4), args[n_in].reshape(in4)
+        if linear:
+            _resize_bilinear_grad(dy, dx, i0, i1, lo2, hi2, w2, lo3, hi3, w3)
+        else:
+            _resize_nearest_grad(dy, dx, i0, i1, lo2, lo3)
     return run

@@ -1,12 +1,13 @@
 """Shape and data-movement ops: views (Reshape, Flatten, Squeeze, Unsqueeze, Identity), copies (Transpose,
 Concat, Split, Slice, Gather, Expand, Pad, Cast, Resize), shape arithmetic folded when planning (Constant,
-Shape, Size, ConstantOfShape), and training-mode Dropout."""
+Shape, Size, ConstantOfShape), and training-mode Dropout; with their gradient rules and onnxruntime's
+com.microsoft gradient ops (GatherGrad, SliceGrad, DropoutGrad, ResizeGrad)."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..ir import TensorType
-from ..ir.dtypes import to_numpy
+from ..ir import Node, TensorType
+from ..ir.dtypes import to_numpy, to_onnx
 from .base import ALL_NUMERIC, ANY, NodeContext, OpDef, broadcast_shapes, normalize_axis
 
 INDEX = (np.dtype(np.int32), np.dtype(np.int64))
@@ -442,29 +443,231 @@ def _transpose_vjp(g, dys):
 
 
 def _cast_vjp(g, dys):
-    from ..ir.dtypes import to_onnx
     src = g.in_types[0].dtype
     if not np.issubdtype(src, np.floating):
         return [None]
     return [g.emit("Cast", [dys[0]], {"to": to_onnx(src)})]
 
 
+MS = "com.microsoft"
+
+
+def _has(g, i: int) -> bool:
+    return i < len(g.node.inputs) and bool(g.node.inputs[i])
+
+
+def _gather_vjp(g, dys):
+    """onnxruntime's GatherGrad(Shape(data), indices, dY): zeros with dY's rows added at the indices."""
+    dx = g.emit("GatherGrad", [g.shape_of(g.x(0)), g.x(1), dys[0]], {"axis": int(g.attr("axis", 0))}, MS)
+    return [dx, None]
+
+
+def _slice_vjp(g, dys):
+    """onnxruntime's SliceGrad(dY, Shape(data), starts, ends[, axes, steps]): zeros with dY in the slice."""
+    dx = g.emit("SliceGrad", [dys[0], g.shape_of(g.x(0))] + list(g.node.inputs[1:]), {}, MS)
+    return [dx] + [None] * (len(g.node.inputs) - 1)
+
+
+def _concat_vjp(g, dys):
+    """Split of dY along the axis at each input's size there (Shape/Slice of the inputs: folded when
+    planning, so symbolic dims work); inputs that need no gradient get an omitted Split output."""
+    inputs = g.node.inputs
+    if len(inputs) == 1:
+        return [dys[0]]
+    axis = int(g.attr("axis")) % len(g.out_types[0].shape)
+    start, end = g.const([axis], np.int64, "axis"), g.const([axis + 1], np.int64, "axis_end")
+    sizes = g.emit("Concat", [g.emit("Slice", [g.shape_of(x), start, end]) for x in inputs], {"axis": 0})
+    outputs = [f"{g.node.name}_Grad/Split_dx{i}" if g.needs[i] else "" for i in range(len(inputs))]
+    g.emit("Split", [dys[0], sizes], {"axis": axis}, outputs=outputs)
+    return [o or None for o in outputs]
+
+
+def _split_vjp(g, dys):
+    """Concat of the outputs' gradients; an output without one contributes zeros (ConstantOfShape of its
+    Shape, folded when planning)."""
+    parts = []
+    for k, (y, dy) in enumerate(zip(g.node.outputs, dys)):
+        if dy is None:
+            if not y:
+                raise g.error(f"output {k} is omitted, so its shape for the gradient is unknown")
+            dy = g.emit("ConstantOfShape", [g.shape_of(y)], {"value": np.zeros(1, g.in_types[0].dtype)})
+        parts.append(dy)
+    dx = parts[0] if len(parts) == 1 else g.emit("Concat", parts, {"axis": int(g.attr("axis", 0))})
+    return [dx] + [None] * (len(g.node.inputs) - 1)
+
+
+def _pad_vjp(g, dys):
+    """Constant-mode Pad: dX is dY with the padding cut away (Slice) and, where pads were negative (a crop),
+    zeros put back (Pad with the negated pads). The constant value is known when planning: no gradient."""
+    mode = g.attr("mode", "constant")
+    if mode != "constant":
+        raise g.error(f"Pad gradients support constant mode only, not '{mode}'")
+    dy, n_in = dys[0], len(g.node.inputs)
+    rest = [None] * (n_in - 1)
+    axes = g.x(3) if _has(g, 3) else ""
+    if "pads" in g.node.attrs:                         # before opset 11: pads is an attribute
+        pads = np.array(g.node.attrs["pads"], np.int64)
+        dx = (_unpad(g, dy, pads, "") if pads.min(initial=0) >= 0
+              else g.emit("Pad", [dy], {"mode": "constant", "pads": tuple(int(p) for p in -pads)}))
+        return [dx] + rest
+    pads = g.const_input(1)
+    if pads is not None and pads.min(initial=0) >= 0:
+        dx = _unpad(g, dy, pads.reshape(-1).astype(np.int64), axes)
+    else:                                              # crops (or pads known only when planning): Pad(-pads)
+        neg = g.const(-pads, np.int64, "neg_pads") if pads is not None else g.emit("Neg", [g.x(1)])
+        dx = g.emit("Pad", [dy, neg, "", axes] if axes else [dy, neg])
+    return [dx] + rest
+
+
+def _unpad(g, dy: str, pads: np.ndarray, axes: str) -> str:
+    """Slice of dY dropping ``pads`` (all >= 0, [begins..., ends...]) along ``axes`` (all axes if "")."""
+    n = len(pads) // 2
+    begin, end = pads[:n], pads[n:]
+    if not pads.any():
+        return dy
+    ends = np.where(end > 0, -end, np.iinfo(np.int64).max)
+    inputs = [dy, g.const(begin, np.int64, "starts"), g.const(ends, np.int64, "ends")]
+    return g.emit("Slice", inputs + ([axes] if axes else []))
+
+
+def _dropout_vjp(g, dys):
+    """onnxruntime's DropoutGrad(dY, mask, ratio, training_mode) = dY * mask / (1 - ratio); a Dropout known
+    to drop nothing (ratio 0, or not in training mode) passes dY through."""
+    rest = [None] * (len(g.node.inputs) - 1)
+    ratio = g.const_input(1) if _has(g, 1) else np.array(0.5)
+    training = g.const_input(2) if _has(g, 2) else np.array(False)
+    if ((training is not None and not bool(np.asarray(training).reshape(())))
+            or (ratio is not None and float(np.asarray(ratio).reshape(())) == 0.0)):
+        return [dys[0]] + rest
+    inputs = [dys[0], g.y(1)] + list(g.node.inputs[1:])
+    return [g.emit("DropoutGrad", inputs, dict(g.node.attrs), MS)] + rest
+
+
+def _resize_vjp(g, dys):
+    """onnxruntime's ResizeGrad(dY, X, roi, scales) with Resize's attributes: every output element's
+    gradient goes back to the input elements it was read (interpolated) from."""
+    if _has(g, 3) and g.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise g.error("Resize with sizes and keep_aspect_ratio_policy "
+                      f"'{g.attr('keep_aspect_ratio_policy')}' has no gradient rule")
+    inputs = [dys[0], g.x(0)] + [g.node.inputs[i] if _has(g, i) else "" for i in (1, 2)]
+    while inputs[-1] == "":
+        inputs.pop()
+    return [g.emit("ResizeGrad", inputs, dict(g.node.attrs), MS)] + [None] * (len(g.node.inputs) - 1)
+
+
+# --- gradient ops (com.microsoft, as onnxruntime training defines them) --------------------------------------
+
+def _forward_view(ctx: NodeContext, x_type: TensorType, slots) -> NodeContext:
+    """The forward op's context as seen from its gradient op: input 0 typed ``x_type``, then the gradient
+    node's inputs ``slots`` (the forward's other inputs), so the forward's helpers apply; errors still
+    name the gradient node."""
+    node = ctx.node
+    picked = [i if ctx.has_input(i) else None for i in slots]
+    inputs = [node.inputs[0]] + [node.inputs[i] if i is not None else "" for i in picked]
+    types = [x_type] + [ctx.in_types[i] if i is not None else None for i in picked]
+    consts = [None] + [ctx.consts[i] if i is not None else None for i in picked]
+    view = Node(node.op_type, inputs, list(node.outputs), dict(node.attrs), node.name, node.domain)
+    return NodeContext(view, ctx.opset, types, consts, list(ctx.out_types))
+
+
+def _grad_of(ctx: NodeContext, dy: int, want: TensorType, what: str):
+    if tuple(ctx.shape(dy)) != tuple(want.shape) or ctx.type(dy).dtype != want.dtype:
+        raise ctx.error(f"dY {ctx.type(dy)} does not match the {what} {want}")
+
+
+def _gather_grad(ctx):
+    shape = tuple(int(d) for d in ctx.const(0, "shape").reshape(-1))
+    if not shape:
+        raise ctx.error("the data shape must have rank >= 1")
+    if ctx.type(1).dtype not in INDEX:
+        raise ctx.error("indices must be int32 or int64")
+    axis = normalize_axis(ctx, int(ctx.attr("axis", 0)), len(shape))
+    dy = ctx.type(2)
+    _grad_of(ctx, 2, TensorType(dy.dtype, shape[:axis] + tuple(ctx.shape(1)) + shape[axis + 1:]), "Gather output")
+    return [TensorType(dy.dtype, shape)]
+
+
+def slice_grad_view(ctx: NodeContext) -> NodeContext:
+    """SliceGrad(dY, shape, starts, ends[, axes, steps]) seen as the Slice it differentiates."""
+    shape = tuple(int(d) for d in ctx.const(1, "shape").reshape(-1))
+    return _forward_view(ctx, TensorType(ctx.type(0).dtype, shape), (2, 3, 4, 5))
+
+
+def _slice_grad(ctx):
+    fwd = slice_grad_view(ctx)
+    _grad_of(ctx, 0, _slice(fwd)[0], "Slice output")
+    return [fwd.type(0)]
+
+
+def dropout_grad_scale(ctx: NodeContext) -> float | None:
+    """DropoutGrad's factor 1 / (1 - ratio), or None when the Dropout dropped nothing (dX = dY): ratio 0,
+    or training_mode false or absent (ratio defaults to 0.5, as in onnxruntime)."""
+    ratio = float(ctx.const(2, "ratio").reshape(())) if ctx.has_input(2) else 0.5
+    if not 0.0 <= ratio < 1.0:
+        raise ctx.error(f"ratio {ratio} must be in [0, 1)")
+    training = bool(np.asarray(ctx.const(3, "training_mode", np.array(False))).reshape(()))
+    return 1.0 / (1.0 - ratio) if training and ratio != 0.0 else None
+
+
+def _dropout_grad(ctx):
+    dy, mask = ctx.type(0), ctx.type(1)
+    if mask.dtype != np.bool_ or tuple(mask.shape) != tuple(dy.shape):
+        raise ctx.error(f"mask {mask} must be bool shaped like dY {dy}")
+    dropout_grad_scale(ctx)
+    return [dy]
+
+
+def resize_grad_view(ctx: NodeContext) -> NodeContext:
+    """ResizeGrad(dY, X[, roi, scales]) seen as the Resize it differentiates; without scales, the sizes
+    are dY's (as onnxruntime reads them)."""
+    x, dy = ctx.type(1), ctx.type(0)
+    fwd = _forward_view(ctx, x, (2, 3))
+    scales = ctx.const(3, "scales", None)
+    if scales is None or scales.size == 0:
+        if ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+            raise ctx.error("without scales, keep_aspect_ratio_policy must be 'stretch'")
+        rank = len(x.shape)
+        axes = ctx.attr("axes", None)
+        axes = range(rank) if axes is None else [normalize_axis(ctx, int(a), rank) for a in axes]
+        if len(dy.shape) != rank:
+            raise ctx.error(f"dY {dy} and X {x} differ in rank")
+        sizes = np.array([dy.shape[a] for a in axes], np.int64)
+        fwd.node.inputs.append(f"{ctx.node.name}/sizes")
+        fwd.in_types.append(TensorType(np.int64, sizes.shape))
+        fwd.consts.append(sizes)
+    return fwd
+
+
+def _resize_grad(ctx):
+    fwd = resize_grad_view(ctx)
+    _grad_of(ctx, 0, _resize(fwd)[0], "Resize output")
+    return [ctx.type(1)]
+
+
 OPS = OPS_FOLD + (
     OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY, vjp=_cast_vjp),
-    OpDef("Concat", _concat, kernel="tensor.concat", dtypes=ANY),
+    OpDef("Concat", _concat, kernel="tensor.concat", dtypes=ANY, vjp=_concat_vjp),
     OpDef("Dropout", _dropout, kernel="tensor.dropout", deterministic=False,
-          workspace=lambda ctx: [TensorType(np.float32, ctx.shape(0))],
+          workspace=lambda ctx: [TensorType(np.float32, ctx.shape(0))], vjp=_dropout_vjp, grad_outputs=2,
           doc="training mode with ratio > 0; inference mode is lowered to a view"),
+    OpDef("DropoutGrad", _dropout_grad, domain=MS, since=1, kernel="tensor.dropout_grad",
+          doc="inputs dY, mask[, ratio, training_mode]: dX = dY * mask / (1 - ratio) in training mode, else dY"),
     OpDef("Expand", _expand, kernel="tensor.expand", dtypes=ANY, vjp=lambda g, dys: [g.unbroadcast(dys[0], 0), None]),
     OpDef("Flatten", _flatten, kind="alias", dtypes=ANY, vjp=_view_vjp),
-    OpDef("Gather", _gather, kernel="tensor.gather", dtypes=ANY),
+    OpDef("Gather", _gather, kernel="tensor.gather", dtypes=ANY, vjp=_gather_vjp),
+    OpDef("GatherGrad", _gather_grad, domain=MS, since=1, kernel="tensor.gather_grad", type_input=2,
+          doc="inputs shape, indices, dY; attribute axis: zeros of shape, dY's rows added at the indices"),
     OpDef("Identity", _identity, since=19, kind="alias", dtypes=ANY, vjp=lambda g, dys: [dys[0]]),
-    OpDef("Pad", _pad, since=19, kernel="tensor.pad", dtypes=ANY),
+    OpDef("Pad", _pad, since=19, kernel="tensor.pad", dtypes=ANY, vjp=_pad_vjp),
     OpDef("Reshape", _reshape, since=19, kind="alias", dtypes=ANY, vjp=_view_vjp),
-    OpDef("Resize", _resize, since=19, kernel="tensor.resize", dtypes=RESIZE_DTYPES,
+    OpDef("Resize", _resize, since=19, kernel="tensor.resize", dtypes=RESIZE_DTYPES, vjp=_resize_vjp,
           doc="modes nearest and linear (up to 2 spatial axes); tf_crop_and_resize and cubic are rejected"),
-    OpDef("Slice", _slice, kernel="tensor.slice", dtypes=ANY),
-    OpDef("Split", _split, since=18, kernel="tensor.split", dtypes=ANY),
+    OpDef("ResizeGrad", _resize_grad, domain=MS, since=1, kernel="tensor.resize_grad",
+          doc="inputs dY, X[, roi, scales] and Resize's attributes (nearest, linear): the transposed resize"),
+    OpDef("Slice", _slice, kernel="tensor.slice", dtypes=ANY, vjp=_slice_vjp),
+    OpDef("SliceGrad", _slice_grad, domain=MS, since=1, kernel="tensor.slice_grad", dtypes=ANY,
+          doc="inputs dY, shape, starts, ends[, axes, steps]: zeros of shape with dY written into the slice"),
+    OpDef("Split", _split, since=18, kernel="tensor.split", dtypes=ANY, vjp=_split_vjp),
     OpDef("Squeeze", _squeeze, kind="alias", dtypes=ANY, vjp=_view_vjp),
     OpDef("Transpose", _transpose, kernel="tensor.transpose", dtypes=ANY, vjp=_transpose_vjp),
     OpDef("Unsqueeze", _unsqueeze, kind="alias", dtypes=ANY, vjp=_view_vjp),

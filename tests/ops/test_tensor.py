@@ -5,12 +5,15 @@ import zlib
 
 import numpy as np
 import pytest
+from gradcheck import _with_loss, check_gradients
 from onnx import TensorProto, helper, numpy_helper
-
 from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference
 
 import edgetrain
-from edgetrain.errors import EdgetrainError, ShapeError
+from edgetrain.autodiff.builder import with_gradients
+from edgetrain.errors import EdgetrainError, ShapeError, UnsupportedOpError
+from edgetrain.ir import Graph, Node, TensorType, Value
+from edgetrain.onnx_io import from_graph
 from edgetrain.ops import tensor
 
 I64_MAX, I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
@@ -62,7 +65,7 @@ def plan_error(op, feeds, consts=None, attrs=None, outputs=("out",), opset=17, n
 def test_every_tensor_op_is_covered():
     tested = {"Constant", "ConstantOfShape", "Shape", "Size", "Cast", "Concat", "Dropout", "Expand",
               "Flatten", "Gather", "Identity", "Pad", "Reshape", "Resize", "Slice", "Split", "Squeeze",
-              "Transpose", "Unsqueeze"}
+              "Transpose", "Unsqueeze", "GatherGrad", "SliceGrad", "DropoutGrad", "ResizeGrad"}
     assert {op.op_type for op in tensor.OPS} <= tested
 
 
@@ -545,3 +548,313 @@ def test_training_dropout_on_a_constant_is_not_folded():
     a, = sess.run(None, {"feed": np.ones(1, np.float32)})
     b, = sess.run(None, {"feed": np.ones(1, np.float32)})
     assert set(np.unique(a)) <= {0.0, 2.0} and not np.array_equal(a, b)
+
+
+# --- gradient rules (finite differences, float64) ---------------------------------------------------------
+
+F64 = np.float64
+
+
+def t64(*shape):
+    return TensorType(F64, shape)
+
+
+def grad_check(op, inputs, params, consts, out_shapes, attrs=None, outputs=("y",), opset=17, used=None):
+    """One ``op`` node; the loss reads the outputs ``used`` (all by default)."""
+    used = list(used if used is not None else outputs)
+    shapes = dict(zip(outputs, out_shapes))
+    return check_gradients([Node(op, list(inputs), list(outputs), attrs or {}, "n")], params, used,
+                           [t64(*shapes[o]) for o in used], consts=consts, opset=opset)
+
+
+@pytest.mark.parametrize("axis, idx", [
+    (0, [[0, 4, -1], [2, 0, 0]]),               # repeated and negative indices accumulate
+    (1, [[0, 2, -1], [1, 1, -3]]),
+    (-1, [3, -4, 3]),
+    (0, 2),                                     # a scalar index drops the axis
+])
+def test_gather_rule(axis, idx):
+    x = rand((5, 4), F64, "gather")
+    idx = np.array(idx, np.int64)
+    out = np.take(x, idx, axis=axis).shape
+    grad_check("Gather", ["x", "i"], {"x": x}, {"i": idx}, [out], {"axis": axis})
+
+
+@pytest.mark.parametrize("starts, ends, axes, steps", [
+    ([1, -1], [4, -6], [0, 2], [2, -2]),        # steps, negative starts/ends/steps, a subset of the axes
+    ([1], [3], None, None),                     # leading axes only, no axes/steps
+    ([-2, 0], [I64_MAX, 3], [-1, 1], None),
+    ([4, 10], [0, -20], [0, 1], [-1, -3]),      # clamped ends, backwards
+])
+def test_slice_rule(starts, ends, axes, steps):
+    x = rand((5, 4, 6), F64, "slice")
+    consts = {"s": i64(*starts), "e": i64(*ends)}
+    inputs = ["x", "s", "e"]
+    if axes is not None or steps is not None:
+        consts["a"] = i64(*(axes if axes is not None else range(len(starts))))
+        inputs.append("a")
+    if steps is not None:
+        consts["st"] = i64(*steps)
+        inputs.append("st")
+    node = helper.make_node("Slice", inputs, ["y"])
+    out, = run_reference(model(node, {"x": x}, ["y"], initializers={k: v for k, v in consts.items()}), {"x": x})
+    grad_check("Slice", inputs, {"x": x}, consts, [out.shape])
+
+
+@pytest.mark.parametrize("axis, shapes, fed", [
+    (1, [(2, 3), (2, 4)], "ab"),
+    (-1, [(2, 3), (2, 4), (2, 1)], "ac"),       # a constant input in the middle gets no gradient
+    (0, [(3, 2), (3, 2)], "ab"),
+    (0, [(2, 3)], "a"),
+])
+def test_concat_rule(axis, shapes, fed):
+    values = {n: rand(s, F64, n) for n, s in zip("abc", shapes)}
+    out = np.concatenate(list(values.values()), axis=axis).shape
+    grad_check("Concat", list(values), {n: v for n, v in values.items() if n in fed},
+               {n: v for n, v in values.items() if n not in fed}, [out], {"axis": axis})
+
+
+def test_concat_rule_sizes_follow_symbolic_dims():
+    """The split sizes are computed from the inputs' shapes when planning: one graph, several batch sizes."""
+    b = rand((2, 3), F64, "b")
+    nodes = [Node("Concat", ["a", "b"], ["y"], {"axis": 0}, "c"), Node("Mul", ["y", "y"], ["sq"], {}, "sq"),
+             Node("ReduceSum", ["sq"], ["loss"], {"keepdims": 0}, "sum")]
+    graph = Graph(nodes, [Value("a", TensorType(F64, ("N", 3)))], [Value("loss", TensorType(F64, ()))], {"b": b},
+                  {"": 17}, name="symbolic")
+    sess = edgetrain.InferenceSession(from_graph(with_gradients(graph, "loss", ["b"])).SerializeToString())
+    for n in (1, 4, 7):
+        a = rand((n, 3), F64, n)
+        loss, db = sess.run(None, {"a": a, "b": b})
+        np.testing.assert_allclose(db, 2 * b)
+        np.testing.assert_allclose(loss, (a * a).sum() + (b * b).sum())
+
+
+@pytest.mark.parametrize("split, used", [
+    ([2, 4, 1], ["y0", "y2"]),                  # uneven, and y1 reaches no loss: zeros in its place
+    ([3, 3, 3], ["y0", "y1", "y2"]),
+    (None, ["y1"]),                             # equal parts from the output count
+])
+def test_split_rule(split, used):
+    x = rand((9 if split is None or sum(split) == 9 else sum(split), 2), F64, "split")
+    consts = {} if split is None else {"sp": i64(*split)}
+    parts = np.split(x, np.cumsum(split)[:-1] if split else 3)
+    grad_check("Split", ["x"] + list(consts), {"x": x}, consts, [p.shape for p in parts], {"axis": 0},
+               outputs=("y0", "y1", "y2"), used=used, opset=13)
+
+
+@pytest.mark.parametrize("pads, axes, value", [
+    ([1, 2, 0, 1], None, None),                 # padding only: a Slice of dY
+    ([-1, 2, 0, -1], None, 1.5),                # with crops: a Pad of dY with the negated pads
+    ([0, 0, 0, 0], None, None),
+    ([2, 1], [-1], 0.5),                        # axes (opset 18)
+])
+def test_pad_rule(pads, axes, value):
+    x = rand((3, 4), F64, "pad")
+    consts = {"p": i64(*pads), "v": None if value is None else np.array(value, F64),
+              "ax": None if axes is None else i64(*axes)}
+    node = helper.make_node("Pad", ["x", "p", "v" if value is not None else "", "ax" if axes else ""], ["y"])
+    out, = run_onnxruntime(model(node, {"x": x.astype(np.float32)}, ["y"], opset=18,
+                                 initializers={k: v.astype(np.float32) if k == "v" else v
+                                               for k, v in consts.items() if v is not None}),
+                           {"x": x.astype(np.float32)})
+    inputs = ["x", "p", "v" if value is not None else "", "ax" if axes else ""]
+    while inputs[-1] == "":
+        inputs.pop()
+    grad_check("Pad", inputs, {"x": x}, {k: v for k, v in consts.items() if v is not None}, [out.shape],
+               opset=18)
+
+
+@pytest.mark.parametrize("pads, out", [((1, -1, 0, 2), (4, 5)), ((1, 0, 0, 2), (4, 6))])
+def test_pad_rule_with_pads_from_a_constant_node(pads, out):
+    """Pads not among the initializers: Pad(dY, Neg(pads)), folded when planning."""
+    nodes = [Node("Constant", [], ["p"], {"value": i64(*pads)}, "pads"),
+             Node("Pad", ["x", "p", "v"], ["y"], {}, "pad")]
+    check_gradients(nodes, {"x": rand((3, 4), F64, "pad")}, ["y"], [t64(*out)], consts={"v": np.array(0.7, F64)})
+
+
+def test_pad_rule_refuses_other_modes():
+    with pytest.raises(UnsupportedOpError, match="constant mode"):
+        grad_check("Pad", ["x", "p"], {"x": rand((3, 4), F64)}, {"p": i64(1, 1, 1, 1)}, [(5, 6)],
+                   {"mode": "reflect"})
+
+
+@pytest.mark.parametrize("inputs", [("x", "r0", "t"), ("x", "r", "f"), ("x",)])
+def test_dropout_rule_when_nothing_is_dropped(inputs):
+    """Ratio 0 in training mode (the bench transformer's), or inference mode: the identity."""
+    x = rand((3, 4), F64, "dropout")
+    consts = {"r0": np.array(0.0, np.float32), "r": np.array(0.5, np.float32), "t": np.array(True),
+              "f": np.array(False)}
+    grad_check("Dropout", inputs, {"x": x}, {k: consts[k] for k in inputs[1:]}, [(3, 4)])
+
+
+def test_dropout_rule_ratio_zero_from_constant_nodes():
+    """The bench transformer's form: ratio 0 and training_mode from Constant nodes, so DropoutGrad is emitted
+    (the values are known only when planning) and passes dY through."""
+    nodes = [Node("Constant", [], ["r"], {"value": np.array(0.0, np.float32)}, "ratio"),
+             Node("Constant", [], ["t"], {"value": np.array(True)}, "training"),
+             Node("Dropout", ["x", "r", "t"], ["y", "mask"], {}, "drop")]
+    check_gradients(nodes, {"x": rand((3, 4), F64, "dropout")}, ["y"], [t64(3, 4)])
+
+
+def dropout_training_step(outputs, ratio, dtype=F64, ratio_input="r"):
+    """Gradient graph of loss = sum(C * Dropout(x)) that also outputs the mask: dX must be C * mask / (1 - r)."""
+    x = (np.abs(rand((40, 50), dtype, "dropout")) + 0.5).astype(dtype)
+    cot = rand((40, 50), dtype, "cot")
+    inputs = ["x", ratio_input, "t"]
+    node = Node("Dropout", inputs, list(outputs), {"seed": 5}, "drop")
+    consts = {"cot_0": cot, "t": np.array(True)}
+    if ratio_input:
+        consts[ratio_input] = np.array(ratio, np.float32)
+    graph = Graph(_with_loss([node], ["y"], {}), [], [Value("loss", TensorType(dtype, ()))], {"x": x, **consts},
+                  {"": 17}, name="dropout")
+    train = with_gradients(graph, "loss", ["x"])
+    mask = outputs[1] if len(outputs) > 1 else "drop_saved_1"       # added for the gradient
+    train.outputs.append(Value(mask, TensorType(np.bool_, x.shape)))
+    assert any(n.op_type == "DropoutGrad" and n.domain == "com.microsoft" for n in train.nodes)
+    sess = edgetrain.InferenceSession(from_graph(train).SerializeToString())
+    masks = []
+    for _ in range(2):
+        loss, dx, mask = sess.run(None, {"x": x})
+        np.testing.assert_allclose(dx, cot * mask / dtype(1 - ratio), rtol=1e-6)
+        np.testing.assert_allclose(loss, (cot * x * mask / dtype(1 - ratio)).sum(), rtol=1e-5)
+        assert abs(mask.mean() - (1 - ratio)) < 0.05
+        masks.append(mask.copy())
+    assert not np.array_equal(*masks)                                 # a fresh mask every step
+
+
+@pytest.mark.parametrize("outputs", [("y", "mask"), ("y",)])
+@pytest.mark.parametrize("ratio", [0.25, 0.6])
+def test_dropout_rule_in_training_mode(outputs, ratio):
+    dropout_training_step(outputs, ratio)
+
+
+def test_dropout_rule_float32_default_ratio():
+    dropout_training_step(("y",), 0.5, np.float32, ratio_input="")
+
+
+RESIZE_CASES = [
+    ({"mode": "linear"}, (1, 1, 2, 1.5), None),
+    ({"mode": "linear", "coordinate_transformation_mode": "align_corners"}, (1, 1, 0.6, 1.7), None),
+    ({"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"}, None, (1, 2, 5, 3)),
+    ({"mode": "nearest"}, (1, 1, 2, 1.5), None),
+    ({"mode": "nearest", "nearest_mode": "floor", "coordinate_transformation_mode": "asymmetric"},
+     (1, 2, 0.5, 2), None),
+]
+
+
+@pytest.mark.parametrize("attrs, scales, sizes", RESIZE_CASES)
+def test_resize_rule(attrs, scales, sizes):
+    x = rand((1, 2, 3, 4), F64, "resize")
+    consts = {"roi": None, "scales": None if scales is None else np.array(scales, np.float32),
+              "sizes": None if sizes is None else i64(*sizes)}
+    node = helper.make_node("Resize", ["x", "", "scales" if scales else "", "sizes" if sizes else ""], ["y"],
+                            **attrs)
+    x32 = x.astype(np.float32)                  # onnxruntime's Resize has no double kernel
+    out, = run_onnxruntime(model(node, {"x": x32}, ["y"], opset=19,
+                                 initializers={k: v for k, v in consts.items() if v is not None}), {"x": x32})
+    inputs = ["x", "", "scales" if scales else "", "sizes" if sizes else ""]
+    while inputs[-1] == "":
+        inputs.pop()
+    grad_check("Resize", inputs, {"x": x}, {k: v for k, v in consts.items() if v is not None}, [out.shape],
+               attrs, opset=19)
+
+
+def test_resize_rule_refuses_sizes_with_an_aspect_ratio_policy():
+    with pytest.raises(UnsupportedOpError, match="keep_aspect_ratio_policy"):
+        grad_check("Resize", ["x", "", "", "sz"], {"x": rand((1, 1, 3, 4), F64)}, {"sz": i64(6, 6)}, [(1, 1, 5, 6)],
+                   {"mode": "linear", "axes": (2, 3), "keep_aspect_ratio_policy": "not_larger"}, opset=19)
+
+
+# --- gradient ops against naive loops -------------------------------------------------------------------------
+
+def ms_model(op, inputs, feeds, consts, attrs=None, opset=17):
+    node = helper.make_node(op, list(inputs), ["dx"], domain="com.microsoft", **(attrs or {}))
+    return model(node, feeds, ["dx"], initializers=consts, opset=opset, ms_opset=1)
+
+
+@pytest.mark.parametrize("data, axis, idx, dtype", [
+    ((100, 64), 0, rng_for("tokens").integers(-100, 100, (8, 32)), np.float32),   # the transformer's embedding
+    ((3, 5, 2), 1, np.array([[4, -1, 0], [-5, 4, 4]], np.int32), np.float64),
+    ((4, 3), -1, np.array(1, np.int64), np.float32),
+])
+def test_gather_grad_kernel(data, axis, idx, dtype):
+    idx = np.asarray(idx)
+    out = np.take(np.zeros(data), idx, axis=axis).shape
+    dy = rand(out, dtype, "dy")
+    m = ms_model("GatherGrad", ["shape", "i", "dy"], {"i": idx, "dy": dy}, {"shape": i64(*data)}, {"axis": axis})
+    dx, = run_edgetrain(m, {"i": idx, "dy": dy})
+    ref = np.zeros(data, dtype)
+    a = axis % len(data)
+    for pos in np.ndindex(out):                  # dX[.., idx[k], ..] += dY[.., k, ..]
+        k = pos[a:a + idx.ndim]
+        dst = pos[:a] + (int(idx[k]) % data[a],) + pos[a + idx.ndim:]
+        ref[dst] += dy[pos]
+    assert dx.dtype == dtype and dx.shape == data
+    np.testing.assert_allclose(dx, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_gather_grad_out_of_range_index_raises():
+    idx, dy = np.array([0, 4], np.int64), rand((2, 3), np.float32)
+    m = ms_model("GatherGrad", ["shape", "i", "dy"], {"i": idx, "dy": dy}, {"shape": i64(4, 3)})
+    with pytest.raises(IndexError, match="index 4"):
+        run_edgetrain(m, {"i": idx, "dy": dy})
+
+
+@pytest.mark.parametrize("shape, starts, ends, axes, steps", [
+    ((5, 4, 6), [1, -1], [4, -6], [0, 2], [2, -2]),
+    ((6, 3), [-2], [I64_MAX], None, None),
+    ((4, 5), [3, 0], [I64_MIN, 5], [0, -1], [-1, 2]),
+])
+def test_slice_grad_kernel(shape, starts, ends, axes, steps):
+    """The reference evaluator's Slice of the element positions says where each dY element goes."""
+    consts = {"starts": i64(*starts), "ends": i64(*ends)}
+    if axes is not None:
+        consts["axes"] = i64(*axes)
+    if steps is not None:
+        consts["steps"] = i64(*steps)
+    where = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    node = helper.make_node("Slice", ["x"] + list(consts), ["y"])
+    pos, = run_reference(model(node, {"x": where}, ["y"], initializers=consts), {"x": where})
+    dy = rand(pos.shape, np.float32, "dy")
+    m = ms_model("SliceGrad", ["dy", "shape"] + list(consts), {"dy": dy}, {"shape": i64(*shape), **consts})
+    dx, = run_edgetrain(m, {"dy": dy})
+    ref = np.zeros(shape, np.float32)
+    for k in np.ndindex(pos.shape):
+        ref.reshape(-1)[pos[k]] += dy[k]
+    np.testing.assert_array_equal(dx, ref)
+
+
+@pytest.mark.parametrize("ratio, training, scale", [(0.25, True, 4 / 3), (0.0, True, None), (0.4, False, None),
+                                                    (None, True, 2.0), (0.3, None, None)])
+def test_dropout_grad_kernel(ratio, training, scale):
+    """dX = dY * mask / (1 - ratio) in training mode (ratio defaults to 0.5); dY with ratio 0 or in inference mode."""
+    dy = rand((6, 7), np.float32, "dy")
+    mask = rand((6, 7), np.bool_, "mask")
+    consts = {"r": None if ratio is None else np.array(ratio, np.float32),
+              "t": None if training is None else np.array(training)}
+    inputs = ["dy", "mask", "r" if ratio is not None else "", "t" if training is not None else ""]
+    while inputs[-1] == "":
+        inputs.pop()
+    m = ms_model("DropoutGrad", inputs, {"dy": dy, "mask": mask}, {k: v for k, v in consts.items() if v is not None})
+    dx, = run_edgetrain(m, {"dy": dy, "mask": mask})
+    ref = dy.copy() if scale is None else np.array([d * float(k) * scale for d, k in zip(dy.flat, mask.flat)],
+                                                   np.float32).reshape(dy.shape)
+    np.testing.assert_allclose(dx, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("attrs, scales", [
+    ({"mode": "linear"}, (1, 1, 2.5, 0.6)),
+    ({"mode": "linear", "coordinate_transformation_mode": "align_corners"}, (1, 1, 1.5, 3)),
+    ({"mode": "nearest", "nearest_mode": "round_prefer_ceil"}, (1, 1, 0.7, 2)),
+])
+def test_resize_grad_kernel_is_the_adjoint_of_onnxruntime_resize(attrs, scales):
+    """<Resize(x), dY> == <x, ResizeGrad(dY)> for random x, with onnxruntime computing Resize."""
+    x = rand((2, 3, 5, 4), np.float32, "x")
+    scales = np.array(scales, np.float32)
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)
+    y, = run_onnxruntime(model(node, {"x": x}, ["y"], initializers={"scales": scales}, opset=19), {"x": x})
+    dy = rand(y.shape, np.float32, "dy")
+    m = ms_model("ResizeGrad", ["dy", "x", "", "scales"], {"dy": dy, "x": x}, {"scales": scales}, attrs, opset=19)
+    dx, = run_edgetrain(m, {"dy": dy, "x": x})
+    assert dx.shape == x.shape
+    np.testing.assert_allclose(np.vdot(y.astype(np.float64), dy), np.vdot(x.astype(np.float64), dx), rtol=1e-5)
