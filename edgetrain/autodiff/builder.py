@@ -43,7 +43,10 @@ class GradContext:
         return UnsupportedOpError(f"{self.node} (opset {self.opset}): {msg}")
 
     def const_input(self, i: int) -> np.ndarray | None:
-        return self._walk.consts.get(self.node.inputs[i]) if i < len(self.node.inputs) else None
+        """The value of input ``i`` if it is known when planning for any batch size (else None)."""
+        if i >= len(self.node.inputs) or not self.node.inputs[i]:
+            return None
+        return self._walk.consts.get(self.node.inputs[i])
 
     # -- emitting backward nodes --------------------------------------------------------------------------
     def emit(self, op_type: str, inputs: list[str], attrs: dict | None = None, domain: str = "",
@@ -82,10 +85,10 @@ class GradContext:
 
 
 class _Walk:
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, consts: dict[str, np.ndarray]):
         self.nodes: list[Node] = []
         self.initializers: dict[str, np.ndarray] = {}
-        self.consts = graph.initializers
+        self.consts = consts
 
     def emit(self, node: Node):
         self.nodes.append(node)
@@ -94,8 +97,8 @@ class _Walk:
 PRIMES = ((7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47), (53, 59, 61, 67, 71, 73, 79, 83, 89, 97, 101, 103))
 
 
-def _probe_types(graph: Graph, wrt=(), outputs=None, primes=PRIMES[0]) -> dict[str, TensorType]:
-    """Static types of every value with each symbolic dimension bound to a distinct prime (never 1)."""
+def _probe(graph: Graph, wrt=(), outputs=None, primes=PRIMES[0]):
+    """Plan ``graph`` with each symbolic dimension bound to a distinct prime (never 1): (types, constants)."""
     bind = iter(primes)
     symbols: dict[str, int] = {}
     inputs = {}
@@ -110,7 +113,20 @@ def _probe_types(graph: Graph, wrt=(), outputs=None, primes=PRIMES[0]) -> dict[s
         if name in graph.initializers:
             inputs[name] = TensorType(graph.initializers[name].dtype, graph.initializers[name].shape)
     outputs = outputs if outputs is not None else [v.name for v in graph.outputs]
-    return specialize(graph, inputs, outputs, consts).types
+    spec = specialize(graph, inputs, outputs, consts)
+    return spec.types, spec.consts
+
+
+def _probe_types(graph: Graph, wrt=(), outputs=None, primes=PRIMES[0]) -> dict[str, TensorType]:
+    return _probe(graph, wrt, outputs, primes)[0]
+
+
+def _shape_free_constants(graph: Graph, wrt) -> dict[str, np.ndarray]:
+    """Values known when planning whatever the symbolic dims are (initializers, Constant nodes and what
+    folds from them): the same under two different prime bindings."""
+    (_, first), (_, second) = (_probe(graph, wrt, primes=p) for p in PRIMES)
+    return {k: v for k, v in first.items()
+            if k in second and v.shape == second[k].shape and np.array_equal(v, second[k], equal_nan=True)}
 
 
 def symbolic_types(graph: Graph, outputs=None) -> dict[str, TensorType]:
@@ -163,7 +179,7 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str]) -> tuple[list[Node],
             depends.update(o for o in n.outputs if o)
     if loss not in depends:
         raise UnsupportedOpError(f"loss '{loss}' does not depend on any of the parameters {sorted(wrt)}")
-    walk = _Walk(graph)
+    walk = _Walk(graph, _shape_free_constants(graph, wrt))
     seed = f"{loss}_grad"
     loss_type = types[loss]
     if loss_type.size == 1:     # a scalar (or [1]) loss: a constant seed, as onnxruntime writes it
