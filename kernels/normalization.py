@@ -11,6 +11,10 @@
 
 Launchers view X as ``[N, C, inner]`` (batch/instance norm), ``[N * G, C/G * inner]`` rows (group norm
 statistics) or ``[rows, n]`` (layer norm). Absent optional outputs get a dummy made once, when the step is built.
+
+The gradient kernels (BatchNormalizationGrad, LayerNormalizationGrad) compute in float64 with fastmath: their
+sums vectorize, and reassociating ``(x - mean) * inv`` costs nothing visible at float64's precision. Omitted
+outputs ("") are not computed.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import math
 
 import numpy as np
 
-from edgetrain.ops.normalization import group_norm_per_channel, layer_norm_axis, stash_dtype
+from edgetrain.ops.normalization import bn_training_mode, group_norm_per_channel, layer_norm_axis, stash_dtype
 
 from ._jit import jit
 
@@ -147,15 +151,86 @@ def _copy_stats(stats, col, out):
         out[r] = stats[r, col]
 
 
+@jit
+def _inv_std(stats, eps, out):
+    """out[c] = 1 / sqrt(var[c] + eps) from (mean, var) pairs."""
+    for r in range(out.shape[0]):
+        out[r] = 1.0 / math.sqrt(stats[r, 1] + eps)
+
+
+# --- gradients (fastmath, float64) ------------------------------------------------------------------------
+
+@jit(fastmath=True)
+def _bn_grad(dy, x, scale, mean, inv, dx, dscale, dbias, want_dx, want_dscale, want_dbias):
+    """Per channel over x [N, C, inner], xhat = (x - mean) * inv:
+    dB = sum(dY), dScale = sum(dY * xhat), dX = scale * inv * (dY - dB / M - xhat * dScale / M), M = N * inner."""
+    n, c, inner = x.shape
+    count = n * inner
+    for ch in range(c):
+        m = np.float64(mean[ch])
+        iv = np.float64(inv[ch])
+        s_dy = np.float64(0.0)
+        s_dyc = np.float64(0.0)
+        for i in range(n):
+            for k in range(inner):
+                g = np.float64(dy[i, ch, k])
+                s_dy += g
+                s_dyc += g * (x[i, ch, k] - m)
+        s_dyxh = s_dyc * iv
+        if want_dbias:
+            dbias[ch] = s_dy
+        if want_dscale:
+            dscale[ch] = s_dyxh
+        if want_dx:
+            a = np.float64(scale[ch]) * iv
+            k1 = a * s_dy / count
+            k2 = a * iv * s_dyxh / count
+            for i in range(n):
+                for k in range(inner):
+                    dx[i, ch, k] = a * dy[i, ch, k] - k1 - (x[i, ch, k] - m) * k2
+
+
+@jit(fastmath=True)
+def _ln_grad(dy, x, scale, mean, inv, dx, want_dx, acc, want_acc):
+    """Rows of x [rows, n], xhat = (x - mean) * inv, dxhat = dY * scale:
+    dX = inv * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)); acc[0] = sum over rows of dY * xhat (dScale),
+    acc[1] = sum of dY (dBias)."""
+    rows, n = x.shape
+    if want_acc:
+        for k in range(n):
+            acc[0, k] = 0.0
+            acc[1, k] = 0.0
+    for r in range(rows):
+        m = np.float64(mean[r])
+        iv = np.float64(inv[r])
+        if want_acc:
+            for k in range(n):
+                g = np.float64(dy[r, k])
+                acc[0, k] += g * ((x[r, k] - m) * iv)
+                acc[1, k] += g
+        if want_dx:
+            s1 = np.float64(0.0)
+            s2 = np.float64(0.0)
+            for k in range(n):
+                g = np.float64(dy[r, k]) * scale[k]
+                s1 += g
+                s2 += g * (x[r, k] - m)
+            s1 = s1 / n
+            s2 = s2 * iv * iv / n
+            for k in range(n):
+                dx[r, k] = iv * (np.float64(dy[r, k]) * scale[k] - s1 - (x[r, k] - m) * s2)
+
+
 # --- launchers --------------------------------------------------------------------------------------------
 
 def batch_norm(ctx):
     """y = (x - mean) / sqrt(var + eps) * scale + B per channel; in training mode with the batch's mean and
-    biased variance, and running = input * momentum + batch * (1 - momentum)."""
+    biased variance, and running = input * momentum + batch * (1 - momentum). Also BatchNormInternal, whose
+    outputs 3 and 4 are the batch mean and 1 / sqrt(batch var + eps)."""
     n, c, inner = _ncx(ctx.shape(0))
     eps = float(ctx.attr("epsilon", 1e-5))
     momentum = float(ctx.attr("momentum", 0.9))
-    training = bool(ctx.attr("training_mode", 0))
+    training = bn_training_mode(ctx)
     dummy = np.empty(c, ctx.type(3).dtype)
     if n * c * inner == 0:
         return _noop
@@ -166,7 +241,7 @@ def batch_norm(ctx):
                       y.reshape(n, c, inner))
         return run
 
-    y_at, rm_at, rv_at = (_output_slot(ctx, k) for k in range(3))
+    y_at, rm_at, rv_at, sm_at, si_at = (_output_slot(ctx, k) for k in range(5))
 
     def run_training(*args):
         x3 = args[0].reshape(n, c, inner)
@@ -175,6 +250,10 @@ def batch_norm(ctx):
         _bn_train_apply(x3, args[1].reshape(c), args[2].reshape(c), args[3].reshape(c), args[4].reshape(c), stats,
                         eps, momentum, args[y_at].reshape(n, c, inner), args[rm_at] if rm_at >= 0 else dummy,
                         args[rv_at] if rv_at >= 0 else dummy, rm_at >= 0, rv_at >= 0)
+        if sm_at >= 0:      # BatchNormInternal's saved_mean and saved_inv_std
+            _copy_stats(stats, 0, args[sm_at])
+        if si_at >= 0:
+            _inv_std(stats, eps, args[si_at])
     return run_training
 
 
@@ -233,4 +312,54 @@ def instance_norm(ctx):
         _row_stats(x.reshape(n * c, inner), eps, stats)
         _group_norm_apply(x.reshape(n, c, inner), scale.reshape(c), b.reshape(c), c, True, stats,
                           y.reshape(n, c, inner))
+    return run
+
+
+def batch_norm_grad(ctx):
+    """BatchNormalizationGrad(dY, X, scale, saved_mean, saved_inv_std) -> dX, dScale, dB."""
+    n, c, inner = _ncx(ctx.shape(1))
+    dx_at, ds_at, db_at = (_output_slot(ctx, k) for k in range(3))
+    dtype = ctx.type(1).dtype
+    dummy_x = np.empty((1, 1, 1), dtype)
+    dummy_c = np.empty(1, dtype)
+    if n * c * inner == 0:
+        def run_empty(*args):      # no samples: the parameters get zero gradients
+            for at in (ds_at, db_at):
+                if at >= 0:
+                    args[at][...] = 0
+        return run_empty
+
+    def run(*args):
+        _bn_grad(args[0].reshape(n, c, inner), args[1].reshape(n, c, inner), args[2].reshape(c), args[3].reshape(c),
+                 args[4].reshape(c), args[dx_at].reshape(n, c, inner) if dx_at >= 0 else dummy_x,
+                 args[ds_at].reshape(c) if ds_at >= 0 else dummy_c, args[db_at].reshape(c) if db_at >= 0 else dummy_c,
+                 dx_at >= 0, ds_at >= 0, db_at >= 0)
+    return run
+
+
+def layer_norm_grad(ctx):
+    """LayerNormalizationGrad(dY, X, scale, mean, inv_std_dev) -> dX, dScale, dBias over rows of X[axis:]."""
+    shape = ctx.shape(1)
+    axis = layer_norm_axis(ctx)
+    rows = int(np.prod(shape[:axis], dtype=np.int64))
+    n = int(np.prod(shape[axis:], dtype=np.int64))
+    dx_at, ds_at, db_at = (_output_slot(ctx, k) for k in range(3))
+    want_acc = ds_at >= 0 or db_at >= 0
+    dummy_x = np.empty((1, 1), ctx.type(1).dtype)
+    if rows * n == 0:
+        def run_empty(*args):      # no rows: the parameters get zero gradients
+            for at in (ds_at, db_at):
+                if at >= 0:
+                    args[at][...] = 0
+        return run_empty
+
+    def run(*args):
+        acc = args[-1]
+        _ln_grad(args[0].reshape(rows, n), args[1].reshape(rows, n), args[2].reshape(n), args[3].reshape(rows),
+                 args[4].reshape(rows), args[dx_at].reshape(rows, n) if dx_at >= 0 else dummy_x, dx_at >= 0, acc,
+                 want_acc)
+        if ds_at >= 0:
+            np.copyto(args[ds_at].reshape(n), acc[0], casting="same_kind")
+        if db_at >= 0:
+            np.copyto(args[db_at].reshape(n), acc[1], casting="same_kind")
     return run
