@@ -86,3 +86,27 @@ def test_accumulators_overwrite_or_add_as_lazy_reset_grad_says(shared):
     expect = plain.run(None, {k: feeds[k] for k in ["input", "labels"] + params})[1:]
     for a, b in zip(once, expect):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_eval_models_run_dropout_and_batchnorm_in_inference_mode(shared):
+    """Eval graphs of the models with BatchNorm (mobilenet) and Dropout (transformer) match onnxruntime
+    running the forward model with BN on running statistics and Dropout off."""
+    from oracle import run_onnxruntime
+    for name in ("mobilenet", "transformer"):
+        g = with_cross_entropy(shared / "models" / f"{name}.onnx")
+        params = [p for p in g.initializers if g.initializers[p].dtype == np.float32]
+        ev = eval_graph(g, "loss", params)
+        bns = [n for n in ev.nodes if n.op_type == "BatchNormalization"]
+        assert all(n.attrs["training_mode"] == 0 and len(n.outputs) == 1 for n in bns)
+        assert all(len(n.inputs) <= 2 for n in ev.nodes if n.op_type == "Dropout")
+        model = from_graph(ev)
+        rng = np.random.default_rng(0)
+        feeds = {v.name: (rng.integers(0, 4 if name == "transformer" else 10, v.type.shape)
+                          if v.type.dtype == np.int64 else
+                          g.initializers.get(v.name, rng.standard_normal(v.type.shape)).astype(np.float32))
+                 for v in ev.inputs}
+        if name == "transformer":
+            feeds["input"] = rng.integers(0, 100, (8, 32))
+        ours = edgetrain.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+        theirs = run_onnxruntime(model, feeds)[0]
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

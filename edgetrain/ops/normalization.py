@@ -86,6 +86,13 @@ def _batch_norm_internal(ctx: NodeContext):
                                      "saved_inv_std)")
 
 
+def _bn_eval_form(node: Node, opset: int) -> Node:
+    """Eval models normalize with the running statistics and output Y only (ORT keeps the running-stat
+    outputs with training_mode=0, a model its own loader then rejects)."""
+    return Node(node.op_type, list(node.inputs), node.outputs[:1], dict(node.attrs) | {"training_mode": 0},
+                node.name, node.domain)
+
+
 def _bn_train_form(node: Node, opset: int) -> Node:
     """Training-mode BatchNormalization -> com.microsoft BatchNormInternal with all 5 outputs (as onnxruntime
     trains it); Y, running_mean and running_var keep their names, the saved statistics get theirs from
@@ -410,7 +417,7 @@ def _instance_norm_vjp(g, dys):
 
 OPS = (
     OpDef("BatchNormalization", _batch_norm, since=15, kernel="normalization.batch_norm", workspace=_bn_workspace,
-          vjp=_bn_vjp, train_form=_bn_train_form,
+          vjp=_bn_vjp, train_form=_bn_train_form, eval_form=_bn_eval_form,
           doc="inference mode, or training_mode=1 with outputs Y, running_mean, running_var (biased batch var); "
               "trains as com.microsoft BatchNormInternal in training mode"),
     OpDef("BatchNormInternal", _batch_norm_internal, domain=MS, since=1, kernel="normalization.batch_norm",

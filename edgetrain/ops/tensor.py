@@ -644,11 +644,18 @@ def _resize_grad(ctx):
     return [ctx.type(1)]
 
 
+def _dropout_eval_form(node, opset):
+    """Eval models run Dropout in inference mode: the training_mode input is cleared, as ORT does."""
+    inputs = list(node.inputs[:2])
+    return type(node)(node.op_type, inputs, list(node.outputs), dict(node.attrs), node.name, node.domain)
+
+
 OPS = OPS_FOLD + (
     OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY, vjp=_cast_vjp),
     OpDef("Concat", _concat, kernel="tensor.concat", dtypes=ANY, vjp=_concat_vjp),
     OpDef("Dropout", _dropout, kernel="tensor.dropout", deterministic=False,
           workspace=lambda ctx: [TensorType(np.float32, ctx.shape(0))], vjp=_dropout_vjp, grad_outputs=2,
+          eval_form=_dropout_eval_form,
           doc="training mode with ratio > 0; inference mode is lowered to a view"),
     OpDef("DropoutGrad", _dropout_grad, domain=MS, since=1, kernel="tensor.dropout_grad",
           doc="inputs dY, mask[, ratio, training_mode]: dX = dY * mask / (1 - ratio) in training mode, else dY"),
