@@ -2,13 +2,17 @@
 ``np.matmul(out=)`` (BLAS) for the whole batch; a direct jitted loop when each group has one input channel
 (depthwise), where per-group GEMMs would have an inner dimension of only kh * kw.
 
+ConvGrad (com.microsoft) takes the same two paths: dW = sum over images of dY[n] im2col(X)[n]^T (X's columns
+recomputed into the workspace, per-image products summed), dX = col2im(W^T dY[n]) through the same
+workspace, dB a jitted row sum; the direct path computes dW and dX tap by tap over padded planes.
+
 1-D convs run as 2-D ones with H = 1. Everything is a view of the caller's arrays: no allocation per call.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from edgetrain.ops.conv import conv_geometry
+from edgetrain.ops.conv import conv_geometry, conv_grad_outputs
 
 from ._jit import jit
 
@@ -166,4 +170,208 @@ def conv(ctx):
         if has_bias:
             y = y.reshape(y4)
             np.add(y, args[2].reshape(bias_shape), out=y)
+    return run
+
+
+# --- ConvGrad ---------------------------------------------------------------------------------------------
+
+@jit(inline="always")
+def _crop_plane(xp, dst, ph, pw):
+    """dst = the interior of the padded plane xp (``ph`` rows, ``pw`` columns of padding before it)."""
+    h, w = dst.shape
+    for y in range(h):
+        src = xp[ph + y, pw:pw + w]
+        row = dst[y]
+        for k in range(w):
+            row[k] = src[k]
+
+
+U = np.uint64
+
+
+@jit
+def _col2im(cols, dx, xp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow):
+    """The adjoint of ``_im2col``: dx[n, c, y, x] = sum of cols[n, (c*kh + i)*kw + j, oy*ow + ox] over the
+    taps (i, j, oy, ox) that read x[n, c, y, x]. Each plane is accumulated in the zero-padded scratch ``xp``,
+    whose interior is then copied out (the pads' share is dropped). Unsigned flat indices (``U``) spare
+    Numba's negative-index check: 1.2-1.4x faster than adding into sliced rows here."""
+    n_batch, c_in = dx.shape[0], dx.shape[1]
+    hp, wp = xp.shape
+    flat = xp.reshape(hp * wp)
+    for n in range(n_batch):
+        for c in range(c_in):
+            for k in range(hp * wp):
+                flat[k] = 0
+            for i in range(kh):
+                for j in range(kw):
+                    row = cols[n, (c * kh + i) * kw + j]
+                    for oy in range(oh):
+                        base = U((oy * sh + i * dh) * wp + j * dw)
+                        src = U(oy * ow)
+                        if sw == 1:
+                            for k in range(ow):
+                                flat[base + U(k)] += row[src + U(k)]
+                        else:
+                            for k in range(ow):
+                                flat[base + U(k * sw)] += row[src + U(k)]
+            _crop_plane(xp, dx[n, c], ph, pw)
+
+
+@jit(fastmath=True)
+def _conv_direct_grad(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw, group, sh, sw, dh, dw, ph, pw):
+    """ConvGrad with one input channel per group (c = m // (M / group)):
+    dW[m, 0, i, j] = sum_{n, oy, ox} dY[n, m, oy, ox] * Xpad[n, c, oy*sh + i*dh, ox*sw + j*dw] and
+    dXpad[n, c, oy*sh + i*dh, ox*sw + j*dw] += W[m, 0, i, j] * dY[n, m, oy, ox]. With unit strides dY's plane
+    is first laid on rows ``wp`` wide (zeros past ``ow``) in ``dyp``, so each tap is one long dot product (dW)
+    or multiply-add (dX) over the flattened padded planes, as in ``_conv_direct``."""
+    n_batch, c_in = x.shape[0], x.shape[1]
+    m_out, _, kh, kw = wt.shape
+    oh, ow = dy.shape[2], dy.shape[3]
+    hp, wp = xp.shape
+    xpf = xp.reshape(hp * wp)
+    dxpf = dxp.reshape(hp * wp)
+    mg = m_out // group
+    span = (oh - 1) * wp + ow
+    zero = dy.dtype.type(0)
+    if want_dw:
+        for m in range(m_out):
+            for i in range(kh):
+                for j in range(kw):
+                    dwt[m, 0, i, j] = 0
+    for n in range(n_batch):
+        for c in range(c_in):
+            if want_dw:
+                _pad_plane(x[n, c], xp, ph, pw)
+            if want_dx:
+                for k in range(hp * wp):
+                    dxpf[k] = 0
+            for m in range(c * mg, (c + 1) * mg):
+                g = dy[n, m]
+                if sh == 1 and sw == 1:
+                    for oy in range(oh):
+                        row = dyp[oy * wp:(oy + 1) * wp]
+                        src = g[oy]
+                        for k in range(ow):
+                            row[k] = src[k]
+                        for k in range(ow, wp):
+                            row[k] = 0
+                    for i in range(kh):
+                        for j in range(kw):
+                            shift = i * dh * wp + j * dw
+                            if want_dw:
+                                s = zero
+                                xs = xpf[shift:shift + span]
+                                for k in range(span):
+                                    s += dyp[k] * xs[k]
+                                dwt[m, 0, i, j] += s
+                            if want_dx:
+                                wv = wt[m, 0, i, j]
+                                dst = dxpf[shift:shift + span]
+                                for k in range(span):
+                                    dst[k] += wv * dyp[k]
+                else:
+                    for i in range(kh):
+                        for j in range(kw):
+                            s = zero
+                            wv = wt[m, 0, i, j]
+                            for oy in range(oh):
+                                r = oy * sh + i * dh
+                                grow = g[oy]
+                                if want_dw:
+                                    xs = xp[r, j * dw:]
+                                    for k in range(ow):
+                                        s += grow[k] * xs[k * sw]
+                                if want_dx:
+                                    dst = dxp[r, j * dw:]
+                                    for k in range(ow):
+                                        dst[k * sw] += wv * grow[k]
+                            if want_dw:
+                                dwt[m, 0, i, j] += s
+            if want_dx:
+                _crop_plane(dxp, dx[n, c], ph, pw)
+
+
+@jit(fastmath=True)
+def _bias_grad(dy, db):
+    """db[m] = sum of dy[n, m, :] over n (each row summed in the element type, rows in float64)."""
+    n_batch, m_out, size = dy.shape
+    zero = dy.dtype.type(0)
+    for m in range(m_out):
+        total = 0.0
+        for n in range(n_batch):
+            row = dy[n, m]
+            s = zero
+            for k in range(size):
+                s += row[k]
+            total += s
+        db[m] = total
+
+
+def conv_grad(ctx):
+    """Launcher: ``run(dY, X, W, [dX, [dW, [dB]]], *workspace)`` (``ops.conv.conv_grad_workspace``); an output
+    slot is None when its name is empty."""
+    g = conv_geometry(ctx, 1, 2, None)
+    want_dx, want_dw, want_db = conv_grad_outputs(ctx)
+    n_out = len(ctx.node.outputs)
+    win = g.window
+    kh, kw = win.kernel
+    sh, sw = win.strides
+    dh, dw = win.dilations
+    ph, pw = win.pads_begin
+    oh, ow = win.out
+    n, c, m, group = g.n, g.c, g.m, g.group
+    cg, mg = c // group, m // group
+    x4 = (n, c) + g.in_hw
+    w4 = (m, cg, kh, kw)
+    y4 = (n, m, oh, ow)
+    y3 = (n, m, oh * ow)
+    dtype = ctx.type(1).dtype
+
+    if g.direct:
+        none4 = np.zeros((1, 1, 1, 1), dtype)   # stands in for an output nobody wants (never touched)
+
+        def run_direct(*args):
+            dy, x, w = args[0], args[1], args[2]
+            xp, dxp, dyp = args[3 + n_out:]
+            dx = args[3].reshape(x4) if want_dx else none4
+            dwt = args[4].reshape(w4) if want_dw else none4
+            if want_dx or want_dw:
+                _conv_direct_grad(x.reshape(x4), w.reshape(w4), dy.reshape(y4), dx, dwt, xp, dxp, dyp,
+                                  want_dx, want_dw, group, sh, sw, dh, dw, ph, pw)
+            if want_db:
+                _bias_grad(dy.reshape(y3), args[5])
+        return run_direct
+
+    pointwise = g.pointwise
+    ckk, ohw = g.ckk, g.ohw
+    cgkk = ckk // group
+    need_cols = not pointwise and (want_dx or want_dw)
+    # grouped GEMMs: W[g, Mg, Cg*kk], cols[n, g, Cg*kk, ohw], dY[n, g, Mg, ohw]
+    w_g, cols_g = (group, mg, cgkk), (n, group, cgkk, ohw)
+    dy_g, part_g = (n, group, mg, ohw), (n, group, mg, cgkk)
+
+    def run(*args):
+        dy, x, w = args[0], args[1], args[2]
+        ws = args[3 + n_out:]
+        dy_gv = dy.reshape(dy_g)
+        if want_dw:
+            if pointwise:
+                cols = x.reshape(cols_g)
+            else:
+                cols = ws[0]
+                _im2col(x.reshape(x4), cols, ws[1], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow)
+                cols = cols.reshape(cols_g)
+            part = ws[2 if need_cols else 0].reshape(part_g)
+            np.matmul(dy_gv, cols.swapaxes(-1, -2), out=part)     # per image: dY[n] im2col(X)[n]^T
+            np.sum(part, axis=0, out=args[4].reshape(w_g))
+        if want_db:
+            _bias_grad(dy.reshape(y3), args[5])
+        if want_dx:
+            wt = w.reshape(w_g).swapaxes(-1, -2)
+            if pointwise:
+                np.matmul(wt, dy_gv, out=args[3].reshape(cols_g))
+            else:
+                dcols = ws[0].reshape(cols_g)
+                np.matmul(wt, dy_gv, out=dcols)                  # per image: W^T dY[n], the columns of dX
+                _col2im(ws[0], args[3].reshape(x4), ws[1], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow)
     return run

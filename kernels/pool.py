@@ -1,5 +1,6 @@
 """Pooling kernels: serial jitted loops over [N*C, H, W] views (1-D pools run with H = 1); global pools over
-[N*C, spatial] views. No allocation per call."""
+[N*C, spatial] views; MaxPoolGrad a scatter-add at the Indices, AveragePoolGrad the pool's adjoint with the
+same loop structure. No allocation per call."""
 from __future__ import annotations
 
 import numpy as np
@@ -157,10 +158,11 @@ def _global_max(x, y):
         y[p] = best
 
 
-def _planes(ctx):
-    """[N*C, H, W] shapes of input and output (1-D as H = 1) and the 2-D window."""
-    x = ctx.shape(0)
-    win = pool_geometry(ctx).as_2d()
+def _planes(ctx, x=None):
+    """[N*C, H, W] shapes of X (input 0, or the shape ``x``) and of the pooled output (1-D as H = 1), and the
+    2-D window."""
+    x = ctx.shape(0) if x is None else x
+    win = pool_geometry(ctx, x).as_2d()
     nc = x[0] * x[1]
     hw = tuple(x[2:]) if len(x) == 4 else (1, x[2])
     return (nc,) + hw, (nc,) + win.out, win
@@ -199,6 +201,94 @@ def average_pool(ctx):
 
     def run(x, y):
         _average_pool(x.reshape(x3), y.reshape(y3), ranges, rows, cols, kh, sh, sw, dh, ph)
+    return run
+
+
+# --- gradients --------------------------------------------------------------------------------------------
+
+@jit
+def _max_pool_grad(dy, idx, dx, h, w, col_major):
+    """dx = 0, then dx[idx[k]] += dy[k] (indices flattened over N*C*H*W; with ``col_major`` H and W are
+    swapped within each plane, as storage_order 1 writes them). Index -1 (a window of NaNs) is skipped.
+    Returns the first k whose index is out of range, or -1."""
+    size = dx.shape[0]
+    hw = h * w
+    for k in range(size):
+        dx[k] = 0
+    for k in range(dy.shape[0]):
+        i = idx[k]
+        if i < 0 or i >= size:
+            if i == -1:
+                continue
+            return k
+        if col_major:
+            q = i % hw
+            i += (q % h) * w + q // h - q
+        dx[i] += dy[k]
+    return -1
+
+
+@jit
+def _average_pool_grad(dy, dx, ranges, counts, kh, sh, sw, dh, ph):
+    """The adjoint of ``_average_pool``: dx[p, iy, ix] = sum of dy[p, oy, ox] / counts[oy, ox] over the
+    windows (oy, ox) whose in-bounds taps include (iy, ix)."""
+    nc, h, w = dx.shape
+    oh = dy.shape[1]
+    kw = ranges.shape[0]
+    for p in range(nc):
+        plane = dx[p]
+        for iy in range(h):
+            row = plane[iy]
+            for k in range(w):
+                row[k] = 0
+        for oy in range(oh):
+            g = dy[p, oy]
+            cnt = counts[oy]
+            for i in range(kh):
+                iy = oy * sh - ph + i * dh
+                if iy < 0 or iy >= h:
+                    continue
+                row = plane[iy]
+                for j in range(kw):
+                    lo, hi = ranges[j, 0], ranges[j, 1]
+                    first = U(lo * sw + ranges[j, 2])
+                    ulo = U(lo)
+                    for k in range(hi - lo):
+                        row[first + U(k * sw)] += g[ulo + U(k)] / cnt[ulo + U(k)]
+
+
+def max_pool_grad(ctx):
+    """Launcher: ``run(dY, Indices, dX)``."""
+    x = ctx.out(0).shape
+    h, w = (x[2], x[3]) if len(x) == 4 else (1, x[2])
+    col_major = int(ctx.attr("storage_order", 0))
+    size = int(np.prod(x, dtype=np.int64))
+
+    def run(dy, idx, dx):
+        bad = _max_pool_grad(dy.reshape(-1), idx.reshape(-1), dx.reshape(-1), h, w, col_major)
+        if bad >= 0:
+            where = tuple(map(int, np.unravel_index(bad, idx.shape)))
+            value = int(idx.reshape(-1)[bad])
+            raise IndexError(f"{ctx.node}: Indices{list(where)} = {value} is out of range [0, {size}) "
+                             f"for dX of shape {x}")
+    return run
+
+
+def average_pool_grad(ctx):
+    """Launcher: ``run(dY, dX)``."""
+    x3, y3, win = _planes(ctx, ctx.out(0).shape)
+    kh, kw = win.kernel
+    sh, sw = win.strides
+    dh, dw = win.dilations
+    ph, pw = win.pads_begin
+    pe_h, pe_w = win.pads_end
+    include_pad = bool(ctx.attr("count_include_pad", 0))
+    ranges = _col_ranges(x3[2], y3[2], sw, dw, pw, kw)
+    counts = np.outer(_tap_counts(x3[1], y3[1], kh, sh, dh, ph, pe_h, include_pad),
+                      _tap_counts(x3[2], y3[2], kw, sw, dw, pw, pe_w, include_pad))
+
+    def run(dy, dx):
+        _average_pool_grad(dy.reshape(y3), dx.reshape(x3), ranges, counts, kh, sh, sw, dh, ph)
     return run
 
 

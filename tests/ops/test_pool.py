@@ -10,7 +10,7 @@ from onnx import helper
 
 import edgetrain
 from edgetrain.errors import ShapeError
-from oracle import assert_matches, model, run_onnxruntime, run_reference
+from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference
 
 MAX_CASES = {
     "2x2_s2": ((2, 3, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
@@ -186,3 +186,253 @@ def test_global_pool_needs_spatial_dims():
     m = model(helper.make_node("GlobalAveragePool", ["X"], ["Y"]), {"X": x}, ["Y"])
     with pytest.raises(ShapeError, match="rank >= 3"):
         edgetrain.InferenceSession(m.SerializeToString()).run(None, {"X": x})
+
+
+# --- gradients --------------------------------------------------------------------------------------------
+# Rules by central differences (float64; MaxPool on distinct values, so no window has a tie); MaxPoolGrad
+# against numpy's scatter-add of onnxruntime's Indices; AveragePoolGrad against the transpose of
+# onnxruntime's AveragePool (linear, so its Jacobian is read off by pooling basis images); the rules'
+# nodes against onnxruntime's vocabulary; dot-product tests at the bench shapes.
+
+def _distinct(shape, *key) -> np.ndarray:
+    """float64 values all at least 1/7 apart (a permutation of a grid), so max pooling has no ties."""
+    n = int(np.prod(shape))
+    return (_seed(*key).permutation(n).reshape(shape) - n / 2) / 7.0
+
+
+def _pooled_shape(op, x, attrs, opset=19):
+    x = x.astype(np.float32)
+    return run_onnxruntime(_pool_model(op, x, attrs, opset=opset), {"X": x})[0].shape
+
+
+def _check_rule(op, x, attrs, opset=19):
+    from gradcheck import check_gradients
+
+    from edgetrain.ir import Node, TensorType
+    out = TensorType(np.float64, _pooled_shape(op, x, attrs, opset))
+    check_gradients([Node(op, ["x"], ["y"], attrs, "pool")], {"x": x}, ["y"], [out], opset=opset, samples=10)
+
+
+@pytest.mark.parametrize("case", list(MAX_CASES))
+def test_max_pool_gradient_rule(case):
+    shape, attrs = MAX_CASES[case]
+    _check_rule("MaxPool", _distinct(shape, "maxgrad", case), attrs)
+
+
+@pytest.mark.parametrize("include_pad", [0, 1])
+@pytest.mark.parametrize("case", list(AVG_CASES))
+def test_average_pool_gradient_rule(case, include_pad):
+    shape, attrs = AVG_CASES[case]
+    x = _seed("avggrad", case).standard_normal(shape)
+    _check_rule("AveragePool", x, dict(attrs, count_include_pad=include_pad))
+
+
+def test_average_pool_gradient_rule_opset11():
+    x = _seed("avg11grad").standard_normal((2, 3, 7, 8))
+    _check_rule("AveragePool", x, dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1, pads=[0, 1, 1, 0]),
+                opset=17)
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
+@pytest.mark.parametrize("shape", [(2, 3, 7), (2, 3, 4, 5), (2, 3, 1, 1), (1, 2, 3, 4, 2)], ids=str)
+def test_global_pool_gradient_rules(op, shape):
+    from gradcheck import check_gradients
+
+    from edgetrain.ir import Node, TensorType
+    out = TensorType(np.float64, shape[:2] + (1,) * (len(shape) - 2))
+    for opset in (13, 17):
+        check_gradients([Node(op, ["x"], ["y"], {}, "gp")], {"x": _distinct(shape, op, shape)}, ["y"], [out],
+                        opset=opset)
+
+
+def test_global_max_pool_gradient_shares_ties():
+    """Tied maxima share dY equally (the subgradient PyTorch's amax uses)."""
+    from gradcheck import gradient_session
+
+    from edgetrain.ir import Node, TensorType
+    x = np.array([[[[1.0, 3.0], [3.0, 0.0]], [[2.0, 2.0], [2.0, 2.0]], [[5.0, 1.0], [0.0, 1.0]]]])
+    sess, graph = gradient_session([Node("GlobalMaxPool", ["x"], ["y"], {}, "gmp")], {"x": x}, {}, ["y"],
+                                   [TensorType(np.float64, (1, 3, 1, 1))])
+    dx = sess.run(None, {"x": x})[1]
+    c = graph.initializers["cot_0"].reshape(3)
+    want = np.array([[[0, 0.5], [0.5, 0]], [[0.25] * 2] * 2, [[1, 0], [0, 0]]]) * c[:, None, None]
+    np.testing.assert_allclose(dx[0], want, rtol=1e-15)
+
+
+def _grad_nodes(nodes, x, opset=19):
+    from edgetrain.autodiff.builder import gradient_graph, prepare_for_training
+    from edgetrain.ir import Graph, Node, TensorType, Value
+    nodes = list(nodes) + [Node("ReduceSum", [nodes[-1].outputs[0]], ["loss"], {"keepdims": 0}, "sum")]
+    g = Graph(nodes, [], [Value("loss", TensorType(np.float32, ()))], {"x": x}, {"": opset})
+    prepared = prepare_for_training(g)
+    return prepared, gradient_graph(prepared, "loss", ["x"])[0]
+
+
+def test_pool_rules_emit_onnxruntime_ops():
+    """MaxPoolGrad(dY, Indices) and AveragePoolGrad(dY) in the ai.onnx domain with the forward attributes, as
+    onnxruntime 1.19 writes them; MaxPool gets its Indices output; no input_spatial_shape where dY's shape
+    determines X's (cnn's 28 -> 14), X's where it does not (7 -> 3 with stride 2: 6 pools alike)."""
+    from edgetrain.ir import Node
+    attrs = dict(kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 0, 0], ceil_mode=0, dilations=[1, 1],
+                 storage_order=0, auto_pad="NOTSET")
+    for op, grad_op, size, hint in [("MaxPool", "MaxPoolGrad", 28, None),
+                                    ("MaxPool", "MaxPoolGrad", 7, [7, 9]),
+                                    ("AveragePool", "AveragePoolGrad", 28, None),
+                                    ("AveragePool", "AveragePoolGrad", 7, [7, 9])]:
+        x = np.zeros((2, 3, size, 9 if hint else size), np.float32)
+        fwd_attrs = {k: v for k, v in attrs.items() if op == "MaxPool" or k != "storage_order"}
+        prepared, nodes = _grad_nodes([Node(op, ["x"], ["y"], fwd_attrs, "pool")], x)
+        (g,) = [n for n in nodes if n.op_type == grad_op]
+        assert g.domain == ""
+        assert g.attrs == (fwd_attrs if hint is None else dict(fwd_attrs, input_spatial_shape=hint))
+        if op == "MaxPool":
+            assert len(prepared.nodes[0].outputs) == 2 and g.inputs[1] == prepared.nodes[0].outputs[1]
+
+
+def test_global_average_pool_rule_is_size_based():
+    """Scale(dY, Size(X) / Size(Y)) expanded to Shape(X): onnxruntime's form for symbolic shapes."""
+    from edgetrain.ir import Node
+    x = np.zeros((2, 3, 4, 4), np.float32)
+    _, nodes = _grad_nodes([Node("GlobalAveragePool", ["x"], ["y"], {}, "gap")], x)
+    ops = [n.op_type for n in nodes if n.name.startswith("gap_Grad")]
+    assert ops == ["Size", "Size", "Div", "Scale", "Shape", "Expand"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", list(MAX_CASES))
+def test_max_pool_grad_kernel(case, dtype):
+    """dX = numpy's scatter-add of dY at onnxruntime's Indices (storage_order 1: H, W swapped per plane)."""
+    shape, attrs = MAX_CASES[case]
+    rng = _seed("mpgk", case)
+    x = rng.integers(0, 4, shape).astype(np.float32)          # ties: overlapping windows share a maximum
+    dy_shape = _pooled_shape("MaxPool", x, attrs)
+    dy = rng.standard_normal(dy_shape).astype(dtype)
+    idx = run_onnxruntime(_pool_model("MaxPool", x, attrs, ("Y", "I")), {"X": x})[1]
+    node = helper.make_node("MaxPoolGrad", ["dY", "I"], ["dX"], **attrs, input_spatial_shape=list(shape[2:]))
+    dx = run_edgetrain(model(node, {"dY": dy, "I": idx}, ["dX"], opset=19), {"dY": dy, "I": idx})[0]
+    flat = idx.reshape(-1)
+    if attrs.get("storage_order", 0) == 1:
+        h, w = shape[2], shape[3]
+        q = flat % (h * w)
+        flat = flat - q + (q % h) * w + q // h
+    want = np.zeros(int(np.prod(shape)), np.float64)
+    np.add.at(want, flat, dy.reshape(-1).astype(np.float64))
+    assert dx.shape == shape and dx.dtype == dtype
+    np.testing.assert_allclose(dx.reshape(-1), want, rtol=1e-6 if dtype == np.float32 else 1e-15, atol=1e-6)
+
+
+def test_max_pool_grad_rejects_bad_indices():
+    dy = np.ones((1, 1, 2, 2), np.float32)
+    idx = np.array([0, 3, 99, -1], np.int64).reshape(1, 1, 2, 2)
+    node = helper.make_node("MaxPoolGrad", ["dY", "I"], ["dX"], name="mpg_2", kernel_shape=[2, 2],
+                            strides=[2, 2])
+    sess = edgetrain.InferenceSession(model(node, {"dY": dy, "I": idx}, ["dX"]).SerializeToString())
+    with pytest.raises(IndexError, match=r"mpg_2.*Indices\[0, 0, 1, 0\] = 99"):
+        sess.run(None, {"dY": dy, "I": idx})
+    idx[0, 0, 1, 0] = 5   # -1 (a window of NaNs) is skipped
+    np.testing.assert_array_equal(sess.run(None, {"dY": dy, "I": idx})[0].reshape(-1),
+                                  [1, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("include_pad", [0, 1])
+@pytest.mark.parametrize("case", list(AVG_CASES))
+def test_average_pool_grad_kernel(case, include_pad, dtype):
+    """dX = J^T dY per plane, J = onnxruntime's AveragePool applied to every basis image of one plane."""
+    shape, attrs = AVG_CASES[case]
+    attrs = dict(attrs, count_include_pad=include_pad)
+    plane = shape[2:]
+    size = int(np.prod(plane))
+    basis = np.eye(size, dtype=np.float32).reshape((size, 1) + plane)
+    jac = run_onnxruntime(_pool_model("AveragePool", basis, attrs), {"X": basis})[0].reshape(size, -1).T
+    pooled = _pooled_shape("AveragePool", basis[:1], attrs)[2:]
+    dy = _seed("apgk", case).standard_normal((shape[0], shape[1]) + pooled)
+    dy = dy.astype(dtype)
+    node = helper.make_node("AveragePoolGrad", ["dY"], ["dX"], **attrs, input_spatial_shape=list(plane))
+    dx = run_edgetrain(model(node, {"dY": dy}, ["dX"], opset=19), {"dY": dy})[0]
+    want = (dy.reshape(shape[0] * shape[1], -1).astype(np.float64) @ jac.astype(np.float64)).reshape(shape)
+    assert dx.shape == shape and dx.dtype == dtype
+    np.testing.assert_allclose(dx, want, rtol=1e-6, atol=1e-6 if dtype == np.float32 else 1e-7)
+
+
+@pytest.mark.parametrize("op, attrs, hint, match", [
+    ("AveragePoolGrad", dict(kernel_shape=[2, 2], strides=[2, 2]), [9, 9], "is not the pooled shape"),
+    ("AveragePoolGrad", dict(kernel_shape=[2, 2], strides=[2, 2]), [8], "entries"),
+    ("AveragePoolGrad", dict(kernel_shape=[2]), None, "kernel_shape"),
+    ("AveragePoolGrad", dict(kernel_shape=[2, 2], count_include_pad=3), None, "count_include_pad"),
+    ("MaxPoolGrad", dict(kernel_shape=[2, 2], storage_order=2), None, "storage_order"),
+])
+def test_pool_grad_errors_name_the_node(op, attrs, hint, match):
+    dy = np.zeros((1, 2, 3, 3), np.float32)
+    feeds = {"dY": dy} if op == "AveragePoolGrad" else {"dY": dy, "I": np.zeros(dy.shape, np.int64)}
+    extra = {} if hint is None else {"input_spatial_shape": hint}
+    node = helper.make_node(op, list(feeds), ["dX"], name="pg_4", **attrs, **extra)
+    with pytest.raises(ShapeError, match=match) as err:
+        edgetrain.InferenceSession(model(node, feeds, ["dX"], opset=19).SerializeToString()).run(None, feeds)
+    assert "pg_4" in str(err.value)
+
+
+def test_max_pool_gradient_bench_shape_matches_torch():
+    """cnn's MaxPool 2x2 on 32x8x28x28 (float32): the training graph's dX against PyTorch's autograd."""
+    import torch
+    from gradcheck import gradient_session
+
+    from edgetrain.ir import Node, TensorType
+    x = (_distinct((32, 8, 28, 28), "bench") / 1000).astype(np.float32)
+    node = Node("MaxPool", ["x"], ["y"], dict(kernel_shape=[2, 2], strides=[2, 2]), "mp")
+    sess, graph = gradient_session([node], {"x": x}, {}, ["y"], [TensorType(np.float32, (32, 8, 14, 14))])
+    dx = sess.run(None, {"x": x})[1]
+    tx = torch.tensor(x, requires_grad=True)
+    torch.nn.functional.max_pool2d(tx, 2, 2).backward(torch.tensor(graph.initializers["cot_0"]))
+    np.testing.assert_array_equal(dx, tx.grad.numpy())
+
+
+@pytest.mark.parametrize("dtype,eps", [(np.float64, 1e-5), (np.float32, 1e-2)], ids=["float64", "float32"])
+def test_dot_product_pools_bench_shapes(dtype, eps):
+    """cnn's MaxPool 2x2 (32x8x28x28), an AveragePool with pads and ceil_mode, mobilenet's GlobalAveragePool
+    (16x64x16x16) and a GlobalMaxPool, at once: <t, J^T c> == <J t, c>. float32 only where the pools are
+    linear (with X the parameter, float32 steps large enough to beat rounding move many maxima)."""
+    from gradcheck import check_directional
+
+    from edgetrain.ir import Node, TensorType
+    x = _distinct((32, 8, 28, 28), "dot", "x").astype(dtype)
+    z = _distinct((16, 64, 16, 16), "dot", "z").astype(dtype)
+    nodes = [Node("AveragePool", ["x"], ["a"], dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                                                    ceil_mode=1), "avg"),
+             Node("GlobalAveragePool", ["z"], ["g"], {}, "gap")]
+    outs = [("a", (32, 8, 15, 15)), ("g", (16, 64, 1, 1))]
+    if dtype == np.float64:
+        nodes += [Node("MaxPool", ["x"], ["m"], dict(kernel_shape=[2, 2], strides=[2, 2]), "max"),
+                  Node("GlobalMaxPool", ["z"], ["h"], {}, "gmp")]
+        outs += [("m", (32, 8, 14, 14)), ("h", (16, 64, 1, 1))]
+    check_directional(nodes, {"x": x, "z": z}, [o for o, _ in outs], [TensorType(dtype, s) for _, s in outs],
+                      eps=eps)
+
+
+@pytest.mark.ort119
+def test_pool_grads_run_in_onnxruntime_119():
+    """onnxruntime-training 1.19.2 runs MaxPoolGrad and AveragePoolGrad as the rules emit them (ai.onnx
+    domain, the forward attributes plus input_spatial_shape) once dX's shape is in the graph's value_info,
+    which its kernels read dX's shape from (without it, 1.19.2 crashes)."""
+    from onnx import TensorProto
+    from test_conv import run_ort119
+    cases = []
+    for shape, attrs in [((2, 3, 7, 9), dict(kernel_shape=[2, 2], strides=[2, 2])),
+                         ((2, 3, 8, 8), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+                         ((2, 3, 9), dict(kernel_shape=[3], strides=[2], pads=[1, 1]))]:
+        x = _distinct(shape, "ort", shape).astype(np.float32)
+        dy = _seed("ort", shape).standard_normal(_pooled_shape("MaxPool", x, attrs)).astype(np.float32)
+        hint = {"input_spatial_shape": list(shape[2:])}
+        for op in ("MaxPoolGrad", "AveragePoolGrad"):
+            if op == "MaxPoolGrad":
+                nodes = [helper.make_node("MaxPool", ["X"], ["Y", "I"], **attrs),
+                         helper.make_node(op, ["dY", "I"], ["dX"], **attrs, **hint)]
+                feeds = {"X": x, "dY": dy}
+            else:
+                nodes, feeds = [helper.make_node(op, ["dY"], ["dX"], **attrs, **hint)], {"dY": dy}
+            m = model(nodes, feeds, ["dX"])
+            del m.graph.output[:]
+            m.graph.output.append(helper.make_tensor_value_info("dX", TensorProto.FLOAT, shape))
+            cases.append((m, feeds))
+    for (m, feeds), theirs in zip(cases, run_ort119(cases)):
+        np.testing.assert_allclose(run_edgetrain(m, feeds)[0], theirs[0], rtol=1e-6, atol=1e-7)
