@@ -5,8 +5,9 @@ import os
 from enum import Enum
 from pathlib import Path
 
-from . import onnxblock
+from . import checkpoint, onnxblock
 from .errors import EdgetrainError
+from .onnxblock.checkpoint_utils import checkpoint_of
 from .onnx_io import load_model, save_model
 
 
@@ -80,12 +81,14 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     overlap = set(requires_grad) & set(frozen_params)
     if overlap:
         raise EdgetrainError(f"parameters {sorted(overlap)} cannot be frozen and require a gradient at once")
+    loss_block, optim = _loss_block(loss), _optimizer_block(optimizer)
     proto = load_model(model)
-    block = _TrainingBlock(_loss_block(loss), additional_output_names)
+    block = _TrainingBlock(loss_block, additional_output_names)
     for name in requires_grad:
         block.requires_grad(name)
     for name in frozen_params:
         block.requires_grad(name, False)
+    # build everything in memory first: an error leaves no half-written set of artifacts behind
     with onnxblock.base(proto) as builder:
         outputs = [v.name for v in builder.graph.outputs]
         if loss_input_names is not None:
@@ -97,16 +100,18 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         training_model, eval_model = block.to_model_proto()
         parameters = block.parameters()
         opset = builder.graph.opset("")
-    folder = Path(artifact_directory if artifact_directory is not None else os.getcwd())
-    folder.mkdir(parents=True, exist_ok=True)
-    save_model(training_model, folder / f"{prefix}training_model.onnx")
-    save_model(eval_model, folder / f"{prefix}eval_model.onnx")
-    onnxblock.save_checkpoint(parameters, folder / f"{prefix}checkpoint")
+    files = {"training_model.onnx": training_model, "eval_model.onnx": eval_model,
+             "checkpoint": checkpoint_of(parameters)}
     if nominal_checkpoint:
-        onnxblock.save_checkpoint(parameters, folder / f"{prefix}nominal_checkpoint", nominal_checkpoint=True)
-    optim = _optimizer_block(optimizer)
+        files["nominal_checkpoint"] = checkpoint_of(parameters, nominal_checkpoint=True)
     if optim is not None:
         with onnxblock.empty_base(opset_version=opset):
             optim(parameters)
-            optimizer_model = optim.to_model_proto()
-        save_model(optimizer_model, folder / f"{prefix}optimizer_model.onnx")
+            files["optimizer_model.onnx"] = optim.to_model_proto()
+    folder = Path(artifact_directory if artifact_directory is not None else os.getcwd())
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        if name.endswith("checkpoint"):
+            checkpoint.save(content, folder / f"{prefix}{name}")
+        else:
+            save_model(content, folder / f"{prefix}{name}")

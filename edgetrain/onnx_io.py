@@ -173,7 +173,9 @@ def from_graph(graph: Graph, producer: str = "edgetrain", ir_version: int = 8) -
                  for k, v in n.attrs.items()}
         nodes.append(onnx.helper.make_node(n.op_type, n.inputs, n.outputs, name=n.name, domain=n.domain, **attrs))
     inits = [numpy_helper.from_array(np.asarray(a), name) for name, a in graph.initializers.items()]
+    declared = {v.name for v in graph.inputs} | {v.name for v in graph.outputs} | set(graph.initializers)
+    value_info = [_value_info(Value(name, t)) for name, t in graph.value_types.items() if name not in declared]
     g = onnx.helper.make_graph(nodes, graph.name, [_value_info(v) for v in graph.inputs],
-                               [_value_info(v) for v in graph.outputs], inits)
+                               [_value_info(v) for v in graph.outputs], inits, value_info=value_info)
     opsets = [onnx.helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]
     return onnx.helper.make_model(g, opset_imports=opsets, producer_name=producer, ir_version=ir_version)

@@ -23,3 +23,14 @@ def random_feed(value, rng: np.random.Generator, dims: dict | None = None) -> np
         high = 100 if value.name == "input" else 4   # transformer tokens < 100; labels < 4 (its head has 4 classes)
         return rng.integers(0, high, shape).astype(np.int64)
     return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture(scope="session")
+def ort():
+    """ONNX Runtime 1.19.2 in its own venv (tests/ort119.py); skipped, visibly, only without python3.11."""
+    import ort119
+    try:
+        ort119.ensure()
+    except ort119.Unavailable as e:
+        pytest.skip(f"ORT 1.19.2 interop: {e}")
+    return ort119

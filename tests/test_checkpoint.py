@@ -610,14 +610,6 @@ def test_decode_reports_the_extent_it_read(shared):
 
 # ---------------------------------------------------------------------------------------------- ORT 1.19.2
 
-@pytest.fixture(scope="session")
-def ort():
-    import ort119
-    try:
-        ort119.ensure()
-    except ort119.Unavailable as e:
-        pytest.skip(f"ORT 1.19.2 interop: {e}")
-    return ort119
 
 
 def test_ort119_tooling_skips_only_without_python311(monkeypatch):

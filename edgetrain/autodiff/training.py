@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import EdgetrainError
 from ..ir import Graph, Node, TensorType, Value
 from ..ops import lookup
-from .builder import MS, gradient_graph, prepare_for_training
+from .builder import MS, gradient_graph, prepare_for_training, symbolic_types
 
 RESET = "lazy_reset_grad"
 
@@ -64,8 +64,8 @@ def training_graph(graph: Graph, loss: str, requires_grad: list[str], frozen: li
     inputs = list(graph.inputs) + [_value(graph, p) for p in params] + buffers + [Value(RESET, flag)]
     outputs = _outputs(graph, [loss] + list(additional_outputs)) + flags
     constants = {k: v for k, v in graph.initializers.items() if k not in set(params)} | grad_inits
-    return Graph(prepared.nodes + backward + accumulate, inputs, outputs, constants,
-                 {MS: 1} | prepared.opsets, dict(graph.value_types), graph.name).verify()
+    return _typed(Graph(prepared.nodes + backward + accumulate, inputs, outputs, constants,
+                        {MS: 1} | prepared.opsets, {}, graph.name).verify())
 
 
 def eval_graph(graph: Graph, loss: str, requires_grad: list[str], frozen: list[str] = (),
@@ -78,5 +78,11 @@ def eval_graph(graph: Graph, loss: str, requires_grad: list[str], frozen: list[s
     inputs = list(graph.inputs) + [_value(graph, p) for p in params]
     outputs = _outputs(graph, [loss] + list(additional_outputs))
     constants = {k: v for k, v in graph.initializers.items() if k not in set(params)}
-    return Graph(nodes, inputs, outputs, constants, dict(graph.opsets), dict(graph.value_types),
-                 graph.name).verify()
+    return _typed(Graph(nodes, inputs, outputs, constants, dict(graph.opsets), {}, graph.name).verify())
+
+
+def _typed(graph: Graph) -> Graph:
+    """Record the type of every intermediate value (ONNX value_info): readers such as ORT 1.19, whose
+    MaxPoolGrad shape inference crashes on an unknown input shape, rely on it, as ORT's artifacts do."""
+    graph.value_types = {k: t for k, t in symbolic_types(graph).items() if k not in graph.initializers}
+    return graph

@@ -4,12 +4,17 @@ from __future__ import annotations
 import os
 
 
-def save_checkpoint(parameters, path_to_checkpoint: str | os.PathLike, nominal_checkpoint: bool = False) -> None:
-    """Write (trainable, frozen) TensorProtos as an ORT-compatible checkpoint (atomically)."""
+def checkpoint_of(parameters, nominal_checkpoint: bool = False):
+    """An edgetrain.checkpoint.Checkpoint holding (trainable, frozen) TensorProtos."""
     from .. import checkpoint
     from ..onnx_io import tensor_value
 
     trainable, frozen = parameters
-    state = checkpoint.Checkpoint(trainable={t.name: tensor_value(t) for t in trainable},
-                                  frozen={t.name: tensor_value(t) for t in frozen}, is_nominal=nominal_checkpoint)
-    checkpoint.save(state, path_to_checkpoint)
+    return checkpoint.Checkpoint(trainable={t.name: tensor_value(t) for t in trainable},
+                                 frozen={t.name: tensor_value(t) for t in frozen}, is_nominal=nominal_checkpoint)
+
+
+def save_checkpoint(parameters, path_to_checkpoint: str | os.PathLike, nominal_checkpoint: bool = False) -> None:
+    """Write (trainable, frozen) TensorProtos as an ORT-compatible checkpoint (atomically)."""
+    from .. import checkpoint
+    checkpoint.save(checkpoint_of(parameters, nominal_checkpoint), path_to_checkpoint)
