@@ -132,3 +132,23 @@ def _reduce_block(x, y, op, init, mean, count):
         if mean:
             for i in range(inner):
                 y[o, i] /= count
+
+
+def reduce_all_l2(ctx):
+    n_in = len(ctx.node.inputs)
+
+    def run(*args):
+        total = 0.0
+        for x in args[:n_in]:
+            if x is not None:
+                total += _sum_of_squares(x.reshape(-1))
+        args[n_in][...] = np.sqrt(total)
+    return run
+
+
+@jit(fastmath=True)
+def _sum_of_squares(x):
+    s = 0.0
+    for v in x:
+        s += np.float64(v) * v
+    return s

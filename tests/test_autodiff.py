@@ -183,3 +183,8 @@ def test_reduce_rules(op, axes, keepdims):
     opset = 18
     check_gradients([Node(op, inputs, ["y"], {"keepdims": keepdims}, "r")], {"x": x}, ["y"], [t(*out)],
                     consts=consts, opset=opset)
+
+
+def test_reduce_all_l2_rule():
+    params = {"a": rnd(3, 4, seed=1), "b": rnd(5, seed=2)}
+    check_gradients([Node("ReduceAllL2", ["a", "b"], ["y"], {}, "norm", "com.microsoft")], params, ["y"], [t()])

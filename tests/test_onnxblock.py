@@ -173,3 +173,51 @@ def test_blocks_outside_a_base_say_so():
 def test_bad_reduction_is_named():
     with pytest.raises(EdgetrainError, match="reduction 'avg'"):
         onnxblock.loss.MSELoss(reduction="avg")
+
+
+@pytest.mark.parametrize("make,expected", [
+    (lambda: onnxblock.blocks.Sigmoid(), lambda x: 1 / (1 + np.exp(-x))),
+    (lambda: onnxblock.blocks.Neg(), lambda x: -x),
+    (lambda: onnxblock.blocks.Abs(), np.abs),
+    (lambda: onnxblock.blocks.Log(), lambda x: np.log(np.abs(x) + 0) if False else None),
+    (lambda: onnxblock.blocks.Clip(-0.5, 0.25), lambda x: np.clip(x, -0.5, 0.25)),
+    (lambda: onnxblock.blocks.Pow(3.0), lambda x: x ** 3),
+    (lambda: onnxblock.blocks.ReduceSum(keepdims=False), lambda x: np.array(x.sum())),
+    (lambda: onnxblock.blocks.ReduceMean(keepdims=True), lambda x: x.mean(keepdims=True)),
+    (lambda: onnxblock.blocks.ReduceAllL2(), lambda x: np.array(np.sqrt((x.astype(np.float64) ** 2).sum()))),
+    (lambda: onnxblock.blocks.Cast(onnx.TensorProto.DOUBLE), lambda x: x.astype(np.float64)),
+], ids=["Sigmoid", "Neg", "Abs", "Log", "Clip", "Pow", "ReduceSum", "ReduceMean", "ReduceAllL2", "Cast"])
+def test_blocks_compute_what_their_names_say(make, expected):
+    import edgetrain
+    x = RNG.standard_normal((4, 3)).astype(np.float32)
+    if expected(x) is None:      # Log: positive inputs
+        x, expected = np.abs(x) + 0.1, np.log
+
+    class Fwd(onnxblock.ForwardBlock):
+        def build(self, name):
+            return make()(name)
+
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "id",
+                          [helper.make_tensor_value_info("x", 1, [4, 3])], [helper.make_tensor_value_info("y", 1, [4, 3])])
+    block = Fwd()
+    with onnxblock.base(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)):
+        block("y")
+        model = block.to_model_proto()
+    (out,) = edgetrain.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_allclose(out, expected(x).astype(out.dtype), rtol=1e-5, atol=1e-6)
+
+
+def test_linear_block_and_sequence_construct_build():
+    class Fwd(onnxblock.ForwardBlock):
+        def build(self, name):
+            return onnxblock.blocks.Linear(3, 2)(name)
+
+    block = Fwd()
+    with onnxblock.base(linear_model()):
+        block("output")
+        model = block.to_model_proto()
+    gemm = model.graph.node[-1]
+    assert gemm.op_type == "Gemm" and [d for d in model.graph.output[0].type.tensor_type.shape.dim][1].dim_value == 2
+    with onnxblock.base(linear_model()) as b:
+        seq = onnxblock.blocks.SequenceConstruct()("output", "x")
+        assert b.graph.nodes[-1].op_type == "SequenceConstruct" and seq == b.graph.nodes[-1].outputs[0]

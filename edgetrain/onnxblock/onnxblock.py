@@ -33,10 +33,18 @@ class Block(ABC):
         return output
 
 
+SEQUENCE_OPS = {"SequenceConstruct", "InplaceClipGradNorm", "AdamWOptimizer", "SGDOptimizerV2", "SGDOptimizer"}
+
+
 def _typecheck(builder) -> None:
+    """Run every shape rule over the graph built so far; graphs of tensor sequences (optimizer graphs,
+    SequenceConstruct) have no shape rules and are checked structurally only."""
     from ..autodiff.builder import symbolic_types
-    if builder.graph.inputs or builder.graph.initializers:
-        symbolic_types(builder.graph)
+    graph = builder.graph
+    if any(n.op_type in SEQUENCE_OPS for n in graph.nodes):
+        return
+    if graph.inputs or graph.initializers:
+        symbolic_types(graph, outputs=[o for n in graph.nodes[-1:] for o in n.outputs if o] or None)
 
 
 def _register_outputs(builder, output) -> list[str]:

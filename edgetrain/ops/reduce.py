@@ -94,7 +94,25 @@ def _onnx(dtype) -> int:
     return to_onnx(dtype)
 
 
+def _reduce_all_l2(ctx: NodeContext):
+    present = [i for i in range(len(ctx.node.inputs)) if ctx.has_input(i)]
+    if not present:
+        raise ctx.error("needs at least one input")
+    dtypes = {ctx.type(i).dtype for i in present}
+    if len(dtypes) > 1:
+        raise ctx.error("inputs must share one element type")
+    return [TensorType(dtypes.pop(), ())]
+
+
+def _reduce_all_l2_vjp(g, dys):
+    """d sqrt(sum x_i^2) / d x_i = x_i / norm."""
+    scale = g.emit("Div", [dys[0], g.y()])
+    return [g.emit("Mul", [g.x(i), scale]) if g.needs[i] else None for i in range(len(g.node.inputs))]
+
+
 OPS = (
+    OpDef("ReduceAllL2", _reduce_all_l2, domain="com.microsoft", since=1, kernel="reduce.reduce_all_l2",
+          vjp=_reduce_all_l2_vjp, doc="the L2 norm of all elements of all inputs, a scalar"),
     OpDef("ReduceMax", _reduce, since=18, kernel="reduce.reduce_max", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp),
     OpDef("ReduceMean", _reduce, since=18, kernel="reduce.reduce_mean", vjp=_reduce_mean_vjp),
     OpDef("ReduceMin", _reduce, since=18, kernel="reduce.reduce_min", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp),
