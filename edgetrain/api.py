@@ -1,0 +1,440 @@
+"""``edgetrain.api``: onnxruntime.training.api's on-device training surface (CheckpointState, Module, ...).
+
+Semantics follow ORT 1.19 (ORT_FORMATS.md §2) where ORT is right, and raise clear errors where ORT crashes.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import checkpoint as ckpt_io
+from .errors import EdgetrainError, InputError
+from .ir import Graph, TensorType
+from .plan import make_plan
+from .runtime import Program
+from .runtime.state import StateStore
+from .session import bind_feeds
+
+BUFFER = "_grad.accumulation.buffer"
+RESET = "lazy_reset_grad"
+
+
+class Parameter:
+    """One parameter: ``name``, ``data`` (a copy; assigning copies in), ``grad`` (None before the first
+    training step), ``requires_grad``."""
+
+    def __init__(self, state: "CheckpointState", name: str, requires_grad: bool):
+        self._state, self.name, self.requires_grad = state, name, requires_grad
+
+    def _array(self) -> np.ndarray:
+        return self._state._array(self.name)
+
+    @property
+    def data(self) -> np.ndarray:
+        if self._state._checkpoint.is_nominal and self._state._store is None:
+            raise EdgetrainError(f"parameter '{self.name}' has no data: the checkpoint is nominal; create the "
+                                 "Module and call copy_buffer_to_parameters(buffer, trainable_only=False)")
+        return np.array(self._array())
+
+    @data.setter
+    def data(self, value) -> None:
+        target = self._array()
+        value = np.asarray(value)
+        if value.shape != target.shape or value.dtype != target.dtype:
+            raise InputError(f"parameter '{self.name}' is {TensorType(target.dtype, target.shape)}, got "
+                             f"{TensorType(value.dtype, value.shape)}")
+        np.copyto(target, value)
+
+    @property
+    def grad(self) -> np.ndarray | None:
+        store = self._state._store
+        if store is None or not self.requires_grad or not store.has_gradients:
+            return None
+        return np.array(store.grad(self.name))
+
+    def __repr__(self) -> str:
+        return f"Parameter(name={self.name!r}, requires_grad={self.requires_grad})"
+
+
+class Parameters:
+    """Dict-like view of a state's parameters: ``[name]`` -> Parameter, ``[name] = array`` copies in."""
+
+    def __init__(self, state: "CheckpointState"):
+        self._state = state
+
+    def _names(self) -> list[str]:
+        return list(self._state._checkpoint.trainable) + list(self._state._checkpoint.frozen)
+
+    def __getitem__(self, name: str) -> Parameter:
+        if name not in self:
+            raise KeyError(f"no parameter named '{name}'; parameters: {self._names()}")
+        return Parameter(self._state, name, name in self._state._checkpoint.trainable)
+
+    def __setitem__(self, name: str, value) -> None:
+        self[name].data = value
+
+    def __contains__(self, name) -> bool:
+        return name in self._state._checkpoint.trainable or name in self._state._checkpoint.frozen
+
+    def __iter__(self):
+        return iter([(n, self[n]) for n in self._names()])
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+
+class Properties:
+    """Dict-like user properties: int, float or str values."""
+
+    def __init__(self, state: "CheckpointState"):
+        self._props = state._checkpoint.properties
+
+    def __getitem__(self, name: str):
+        return self._props[name]
+
+    def __setitem__(self, name: str, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise InputError(f"property '{name}' must be an int, float or str, got {type(value).__name__}")
+        self._props[name] = value
+
+    def __contains__(self, name) -> bool:
+        return name in self._props
+
+    def __iter__(self):
+        return iter(self._props.items())
+
+    def __len__(self) -> int:
+        return len(self._props)
+
+
+class CheckpointState:
+    """Parameters, optimizer state and properties; loaded from and saved to ORT's checkpoint format."""
+
+    def __init__(self, checkpoint: ckpt_io.Checkpoint):
+        self._checkpoint = checkpoint
+        self._store: StateStore | None = None
+        self._optimizer = None
+
+    @classmethod
+    def load_checkpoint(cls, checkpoint_uri: str | os.PathLike) -> "CheckpointState":
+        return cls(ckpt_io.load(checkpoint_uri))
+
+    @classmethod
+    def save_checkpoint(cls, state: "CheckpointState", checkpoint_uri: str | os.PathLike,
+                        include_optimizer_state: bool = False) -> None:
+        """Write parameters sorted by name (as ORT does), optimizer state if asked; atomically."""
+        trainable = {n: np.array(state._array(n)) for n in sorted(state._checkpoint.trainable)}
+        frozen = {n: np.array(state._array(n)) for n in sorted(state._checkpoint.frozen)}
+        groups = []
+        store = state._store
+        if include_optimizer_state and store is not None and store.moments:
+            states = {n: {ckpt_io.MOMENTUM_NAMES[k]: np.array(store.moment(k, n)) for k in range(len(store.moments))}
+                      for n in sorted(store.names)}
+            lr = state._optimizer.initial_learning_rate if state._optimizer is not None else 0.0
+            groups.append(ckpt_io.OptimizerGroup("group0", store.step, lr, states))
+        ckpt_io.save(ckpt_io.Checkpoint(trainable, frozen, groups, dict(state._checkpoint.properties)),
+                     checkpoint_uri)
+
+    @property
+    def parameters(self) -> Parameters:
+        return Parameters(self)
+
+    @property
+    def properties(self) -> Properties:
+        return Properties(self)
+
+    def _array(self, name: str) -> np.ndarray:
+        store = self._store
+        if store is not None:
+            return store.param(name) if name in store.offsets else store.frozen[name]
+        c = self._checkpoint
+        return c.trainable[name] if name in c.trainable else c.frozen[name]
+
+
+@dataclass
+class _ModelIO:
+    graph: Graph
+    user_inputs: list[str]
+    params: list[str]          # parameter inputs in the model's order
+    outputs: list[str]         # user-facing outputs (loss first)
+
+
+def _load(uri) -> Graph:
+    from .onnx_io import to_graph
+    return to_graph(os.fspath(uri) if isinstance(uri, os.PathLike) else uri)
+
+
+def _classify(graph: Graph, params: set[str]) -> _ModelIO:
+    names = [v.name for v in graph.inputs]
+    user = [n for n in names if n not in params and not n.endswith(BUFFER) and n != RESET]
+    outputs = [v.name for v in graph.outputs if not v.name.endswith("_grad.accumulation.out")]
+    return _ModelIO(graph, user, [n for n in names if n in params], outputs)
+
+
+def _running_stats(graph: Graph) -> list[tuple[str, str]]:
+    """(updated running statistic output, frozen parameter it replaces) for training-mode batch norms."""
+    pairs = []
+    for n in graph.nodes:
+        training = n.op_type == "BatchNormInternal" or (n.op_type == "BatchNormalization"
+                                                       and n.attrs.get("training_mode", 0))
+        if training:
+            for out, src in zip(n.outputs[1:3], n.inputs[3:5]):
+                if out:
+                    pairs.append((out, src))
+    return pairs
+
+
+class Module:
+    """A training model (and optionally its eval model) bound to a CheckpointState.
+
+    ``module(*inputs)`` runs a training step (accumulating gradients into the state, or overwriting them after
+    ``lazy_reset_grad()``) or, after ``eval()``, an eval step. Returns the loss and any additional outputs.
+    """
+
+    def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None, device: str = "cpu",
+                 session_options=None):
+        if device != "cpu":
+            raise EdgetrainError(f"device '{device}' is not supported: edgetrain trains on the CPU")
+        if state._store is not None:
+            raise EdgetrainError("this CheckpointState is already bound to a Module")
+        ckpt = state._checkpoint
+        known = set(ckpt.trainable) | set(ckpt.frozen)
+        self._train = _classify(_load(train_model_uri), known)
+        graph_inputs = {v.name: v for v in self._train.graph.inputs}
+        trainable = [n[: -len(BUFFER)] for n in graph_inputs if n.endswith(BUFFER)]
+        for p in self._train.params + trainable:
+            if p not in known:
+                raise EdgetrainError(f"the checkpoint has no parameter '{p}' that the training model needs")
+        self._check_shapes(graph_inputs, ckpt)
+        frozen = [p for p in self._train.params if p not in set(trainable)]
+        store = StateStore({p: self._value(ckpt, graph_inputs[p]) for p in trainable},
+                           {p: self._value(ckpt, graph_inputs[p]) for p in frozen})
+        state._store = store
+        self._state, self._store = state, store
+        self._eval = None
+        if eval_model_uri is not None:
+            self._eval = _classify(_load(eval_model_uri), known)
+        self._reset = np.ones(1, np.bool_)     # the first step overwrites whatever the buffers held
+        self._stats = _running_stats(self._train.graph)
+        self._programs: dict = {}
+        self.training = True
+
+    @staticmethod
+    def _check_shapes(inputs, ckpt) -> None:
+        for name, v in inputs.items():
+            array = ckpt.trainable.get(name, ckpt.frozen.get(name))
+            if array is None or ckpt.is_nominal:
+                continue
+            want = TensorType(v.type.dtype, v.type.shape)
+            if tuple(array.shape) != want.shape or array.dtype != want.dtype:
+                raise EdgetrainError(f"parameter '{name}' in the checkpoint is "
+                                     f"{TensorType(array.dtype, array.shape)}, the training model expects {want}")
+
+    @staticmethod
+    def _value(ckpt, v) -> np.ndarray:
+        array = ckpt.trainable.get(v.name, ckpt.frozen.get(v.name))
+        if ckpt.is_nominal:
+            return np.zeros(v.type.shape, v.type.dtype)
+        return array
+
+    # -- modes ----------------------------------------------------------------------------------------------
+    def train(self, mode: bool = True) -> "Module":
+        self.training = mode
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def lazy_reset_grad(self) -> None:
+        self._reset[0] = True
+
+    def input_names(self) -> list[str]:
+        return list(self._io().user_inputs)
+
+    def output_names(self) -> list[str]:
+        return list(self._io().outputs)
+
+    def _io(self) -> _ModelIO:
+        if self.training:
+            return self._train
+        if self._eval is None:
+            raise EdgetrainError("eval() needs an eval model: Module(train_model_uri, state, eval_model_uri) "
+                                 "was created without one")
+        return self._eval
+
+    # -- running --------------------------------------------------------------------------------------------
+    def _external(self, io: _ModelIO) -> dict[str, np.ndarray]:
+        store = self._store
+        arrays = {p: (store.param(p) if p in store.offsets else store.frozen[p]) for p in io.params}
+        if io is self._train:
+            arrays |= {f"{p}{BUFFER}": store.grad(p) for p in store.names}
+            arrays[RESET] = self._reset
+        return arrays
+
+    def _program(self, io: _ModelIO, feeds: dict[str, np.ndarray]) -> Program:
+        external = self._external(io)
+        types = bind_feeds(io.graph.inputs, feeds | external, "training model" if io is self._train else
+                           "eval model")
+        key = (id(io), tuple(types[n].shape for n in io.user_inputs))
+        prog = self._programs.get(key)
+        if prog is None:
+            outputs = [v.name for v in io.graph.outputs]
+            if io is self._train:
+                outputs += [out for out, _ in self._stats]
+            plan = make_plan(io.graph, types, outputs, external=external)
+            prog = self._programs[key] = Program(plan, external)
+        return prog
+
+    def __call__(self, *user_inputs):
+        io = self._io()
+        if len(user_inputs) != len(io.user_inputs):
+            raise InputError(f"the {'training' if self.training else 'eval'} model takes {len(io.user_inputs)} "
+                             f"input(s) {io.user_inputs}, got {len(user_inputs)}")
+        feeds = dict(zip(io.user_inputs, user_inputs))
+        prog = self._program(io, feeds)
+        outs = prog.run([feeds[n] for n in prog.plan.fed_inputs])
+        if io is self._train:
+            self._reset[0] = False
+            self._store.has_gradients = True
+            named = dict(zip(prog.plan.spec.output_names, outs))
+            for out, param in self._stats:
+                np.copyto(self._store.frozen[param], named[out])
+        results = [np.array(o) for o, name in zip(outs, prog.plan.spec.output_names) if name in io.outputs]
+        loss = results[0]
+        if not np.all(np.isfinite(loss)):
+            raise EdgetrainError(f"loss '{io.outputs[0]}' is {loss.reshape(-1)[0]} (not finite): check the "
+                                 "inputs and the learning rate")
+        return results[0] if len(results) == 1 else results
+
+    # -- parameters -----------------------------------------------------------------------------------------
+    def get_parameters_size(self, trainable_only: bool = True) -> int:
+        n = self._store.size
+        return n if trainable_only else n + sum(a.size for a in self._store.frozen.values())
+
+    def get_contiguous_parameters(self, trainable_only: bool = False) -> np.ndarray:
+        """Parameters in the training model's order, as one 1-D array (a view when trainable_only)."""
+        if trainable_only or not self._store.frozen:
+            return self._store.params
+        parts = [self._store.param(p).reshape(-1) if p in self._store.offsets else
+                 self._store.frozen[p].reshape(-1) for p in self._train.params]
+        return np.concatenate(parts)
+
+    def copy_buffer_to_parameters(self, buffer: np.ndarray, trainable_only: bool = True) -> None:
+        buffer = np.asarray(buffer).reshape(-1)
+        want = self.get_parameters_size(trainable_only)
+        if buffer.size != want:
+            raise InputError(f"buffer has {buffer.size} elements, the parameters need {want}")
+        if trainable_only:
+            np.copyto(self._store.params, buffer.astype(self._store.dtype, copy=False))
+            return
+        offset = 0
+        for p in self._train.params:
+            target = self._store.param(p) if p in self._store.offsets else self._store.frozen[p]
+            np.copyto(target, buffer[offset: offset + target.size].reshape(target.shape))
+            offset += target.size
+
+    def export_model_for_inferencing(self, inference_model_uri, graph_output_names: list[str]) -> None:
+        """The eval model with the current parameters as initializers, pruned to ``graph_output_names``."""
+        if self._eval is None:
+            raise EdgetrainError("export_model_for_inferencing needs the eval model: pass eval_model_uri to Module")
+        from .autodiff.training import inference_graph
+        from .onnx_io import from_graph, save_model
+        g = self._eval.graph
+        known = {o for n in g.nodes for o in n.outputs} | {v.name for v in g.inputs}
+        missing = [n for n in graph_output_names if n not in known]
+        if missing:
+            raise EdgetrainError(f"outputs {missing} are not values of the eval model")
+        params = {p: np.array(self._state._array(p)) for p in self._eval.params}
+        exported = inference_graph(g, list(graph_output_names), params)
+        save_model(from_graph(exported, ir_version=8), inference_model_uri)
+
+
+MOMENT_INPUTS = ("first_order_moments", "second_order_moments")
+DEFAULT_LEARNING_RATE = 1e-3     # ORT's default for a fresh Optimizer
+
+
+class Optimizer:
+    """Runs the optimizer model over the module's state store: parameters, gradients and moments are each one
+    flat array there, which is what the model's tensor-sequence inputs are bound to."""
+
+    def __init__(self, optimizer_uri, module: Module):
+        self._module, store = module, module._store
+        self._store = store
+        graph = _load(optimizer_uri)
+        names = [v.name for v in graph.inputs]
+        moments = [n for n in MOMENT_INPUTS if n in names]
+        store.ensure_moments(len(moments))
+        self.initial_learning_rate = DEFAULT_LEARNING_RATE
+        self._restore(module._state._checkpoint, len(moments))
+        self._lr = np.array([self.initial_learning_rate], np.float32)
+        self._step = np.zeros(1, np.int64)
+        flat = TensorType(store.dtype, (store.size,))
+        arrays = {"learning_rate": self._lr, "step": self._step, "params": store.params, "gradients": store.grads}
+        arrays |= {n: store.moments[k] for k, n in enumerate(moments)}
+        unknown = [n for n in names if n not in arrays]
+        if unknown:
+            raise EdgetrainError(f"optimizer model inputs {unknown} are not ones edgetrain binds "
+                                 "(learning_rate, step, params, gradients, first/second_order_moments)")
+        types = {n: (flat if n in ("params", "gradients") + MOMENT_INPUTS else TensorType(a.dtype, a.shape))
+                 for n, a in arrays.items() if n in names}
+        external = {n: arrays[n] for n in names}
+        plan = make_plan(graph, types, [v.name for v in graph.outputs], external=external)
+        self._program = Program(plan, external)
+        module._state._optimizer = self
+
+    def _restore(self, ckpt: ckpt_io.Checkpoint, moments: int) -> None:
+        if not ckpt.optimizer_groups:
+            return
+        group = ckpt.optimizer_groups[0]
+        self._store.step = int(group.step)
+        if group.initial_learning_rate:
+            self.initial_learning_rate = float(group.initial_learning_rate)
+        for name in self._store.names:
+            saved = group.states.get(name, {})
+            for k in range(moments):
+                m = saved.get(ckpt_io.MOMENTUM_NAMES[k])
+                if m is not None:
+                    np.copyto(self._store.moment(k, name), m.reshape(self._store.shapes[name]))
+
+    def step(self) -> None:
+        """One update from the accumulated gradients."""
+        if not self._store.has_gradients:
+            raise EdgetrainError("Optimizer.step() before any gradient: run a training step (module(inputs...)) "
+                                 "first")
+        self._store.step += 1
+        self._step[0] = self._store.step
+        self._program.run([])
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        self._lr[0] = learning_rate
+
+    def get_learning_rate(self) -> float:
+        return float(self._lr[0])
+
+
+class LinearLRScheduler:
+    """Linear warmup then linear decay, onnxruntime's documented formula on the optimizer's step count:
+    lr = initial_lr * (step / max(1, warmup) if step < warmup else max(0, (total - step) / max(1, total - warmup)))
+    (ORT 1.19.2's Python gives another sequence; this follows its C++ formula and documentation)."""
+
+    def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float):
+        if warmup_step_count < 0 or total_step_count < warmup_step_count:
+            raise InputError(f"need 0 <= warmup_step_count <= total_step_count, got {warmup_step_count}, "
+                             f"{total_step_count}")
+        self._optimizer, self._warmup, self._total = optimizer, int(warmup_step_count), int(total_step_count)
+        self.initial_lr = float(initial_lr)
+        optimizer.initial_learning_rate = self.initial_lr
+        self._apply()
+
+    def _apply(self) -> None:
+        step = self._optimizer._store.step
+        if step < self._warmup:
+            factor = step / max(1, self._warmup)
+        else:
+            factor = max(0.0, (self._total - step) / max(1, self._total - self._warmup))
+        self._optimizer.set_learning_rate(self.initial_lr * factor)
+
+    def step(self) -> None:
+        self._apply()

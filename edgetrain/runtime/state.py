@@ -1,0 +1,55 @@
+"""The state store: one model's parameters, gradient buffers and optimizer moments.
+
+Each kind lives in one contiguous array, tensors in the training model's parameter order, so the training
+program reads parameters and accumulates gradients through views, the optimizer updates everything in one
+pass over flat arrays, and ``get_contiguous_parameters`` is a view. Frozen parameters (batch-norm running
+statistics, frozen layers) are separate arrays.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import EdgetrainError
+
+
+class StateStore:
+    def __init__(self, trainable: dict[str, np.ndarray], frozen: dict[str, np.ndarray]):
+        dtypes = {a.dtype for a in trainable.values()}
+        if len(dtypes) > 1:
+            raise EdgetrainError(f"trainable parameters must share one element type, got {sorted(map(str, dtypes))}")
+        self.dtype = dtypes.pop() if dtypes else np.dtype(np.float32)
+        self.names = list(trainable)
+        self.shapes = {n: tuple(a.shape) for n, a in trainable.items()}
+        sizes = [int(np.prod(self.shapes[n], dtype=np.int64)) for n in self.names]
+        self.offsets = dict(zip(self.names, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()))
+        self.size = int(sum(sizes))
+        self.params = np.empty(self.size, self.dtype)
+        self.grads = np.zeros(self.size, self.dtype)
+        self.moments: list[np.ndarray] = []
+        for n, a in trainable.items():
+            np.copyto(self.param(n), a)
+        self.frozen = {n: np.array(a, order="C") for n, a in frozen.items()}
+        self.step = 0                 # optimizer steps taken
+        self.has_gradients = False    # a training step ran since the store was made (or reset)
+
+    def _view(self, flat: np.ndarray, name: str) -> np.ndarray:
+        off = self.offsets[name]
+        shape = self.shapes[name]
+        return flat[off: off + int(np.prod(shape, dtype=np.int64))].reshape(shape)
+
+    def param(self, name: str) -> np.ndarray:
+        return self._view(self.params, name)
+
+    def grad(self, name: str) -> np.ndarray:
+        return self._view(self.grads, name)
+
+    def moment(self, k: int, name: str) -> np.ndarray:
+        return self._view(self.moments[k], name)
+
+    def ensure_moments(self, count: int) -> None:
+        while len(self.moments) < count:
+            self.moments.append(np.zeros(self.size, self.dtype))
+
+    def nbytes(self) -> int:
+        return (self.params.nbytes + self.grads.nbytes + sum(m.nbytes for m in self.moments)
+                + sum(a.nbytes for a in self.frozen.values()))

@@ -1,0 +1,130 @@
+"""edgetrain.api with onnxruntime.training.api's semantics, on ORT's own artifacts and on edgetrain's."""
+import numpy as np
+import onnxruntime
+import pytest
+
+from edgetrain import checkpoint
+from edgetrain.api import CheckpointState, LinearLRScheduler, Module, Optimizer
+from edgetrain.errors import EdgetrainError, InputError
+
+
+def _mlp(shared, eval_model=True):
+    d = shared / "ort_artifacts" / "mlp"
+    state = CheckpointState.load_checkpoint(d / "checkpoint")
+    module = Module(d / "training_model.onnx", state, d / "eval_model.onnx" if eval_model else None)
+    return d, state, module
+
+
+def _batch(seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((64, 784)).astype(np.float32), rng.integers(0, 10, 64)
+
+
+def test_gradients_accumulate_until_lazy_reset(shared):
+    _, state, module = _mlp(shared)
+    x, y = _batch()
+    assert state.parameters["fc1.weight"].grad is None
+    module(x, y)
+    once = state.parameters["fc1.weight"].grad
+    module(x, y)
+    np.testing.assert_allclose(state.parameters["fc1.weight"].grad, 2 * once, rtol=1e-6, atol=1e-9)
+    module.lazy_reset_grad()
+    module(x, y)
+    np.testing.assert_allclose(state.parameters["fc1.weight"].grad, once, rtol=1e-6)
+
+
+def test_names_sizes_and_contiguous_parameters(shared):
+    _, state, module = _mlp(shared)
+    assert module.input_names() == ["input", "labels"]
+    assert module.output_names() == ["onnx::loss::2"]
+    size = sum(p.data.size for _, p in state.parameters)
+    assert module.get_parameters_size() == size == module.get_contiguous_parameters().size
+    flat = module.get_contiguous_parameters(trainable_only=True)
+    module.copy_buffer_to_parameters(np.zeros_like(flat))
+    assert not state.parameters["fc3.bias"].data.any()
+
+
+def test_parameter_assignment_copies_in_and_checks_the_type(shared):
+    _, state, module = _mlp(shared)
+    state.parameters["fc3.bias"] = np.full(10, 0.5, np.float32)
+    assert (module.get_contiguous_parameters()[-10:] == 0.5).all()
+    with pytest.raises(InputError, match="fc3.bias"):
+        state.parameters["fc3.bias"] = np.zeros(11, np.float32)
+
+
+def test_eval_step_and_export_match_onnxruntime(shared, tmp_path):
+    _, state, module = _mlp(shared)
+    x, y = _batch()
+    module(x, y)
+    module.eval()
+    loss = module(x, y)
+    module.export_model_for_inferencing(tmp_path / "inference.onnx", ["output"])
+    sess = onnxruntime.InferenceSession(str(tmp_path / "inference.onnx"))
+    assert [i.name for i in sess.get_inputs()] == ["input"]
+    logits = sess.run(None, {"input": x})[0]
+    logp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(
+        1, keepdims=True)
+    np.testing.assert_allclose(loss, -logp[np.arange(64), y].mean(), rtol=1e-5)
+
+
+def test_clear_errors_where_ort_crashes_or_misleads(shared):
+    _, state, module = _mlp(shared, eval_model=False)
+    x, y = _batch()
+    with pytest.raises(EdgetrainError, match="eval model"):
+        module.eval()(x, y)
+    module.train()
+    with pytest.raises(InputError, match="2 input"):
+        module(x)
+    with pytest.raises(InputError, match=r"'input'.*float\[64,784\]"):
+        module(x.astype(np.float64), y)
+    with pytest.raises(IndexError, match="label 10"):
+        module(x, np.full(64, 10))
+    with pytest.raises(EdgetrainError, match="not finite"):
+        module(np.full_like(x, np.nan), y)
+
+
+def test_optimizer_step_before_any_gradient_is_refused(shared):
+    d, state, module = _mlp(shared)
+    opt = Optimizer(d / "optimizer_model.onnx", module)
+    with pytest.raises(EdgetrainError, match="before any gradient"):
+        opt.step()
+
+
+def test_checkpoint_that_does_not_match_the_model(shared, tmp_path):
+    d = shared / "ort_artifacts" / "mlp"
+    ckpt = checkpoint.load(d / "checkpoint")
+    missing = checkpoint.Checkpoint({k: v for k, v in ckpt.trainable.items() if k != "fc2.bias"})
+    with pytest.raises(EdgetrainError, match="fc2.bias"):
+        Module(d / "training_model.onnx", CheckpointState(missing))
+    wrong = checkpoint.Checkpoint(dict(ckpt.trainable) | {"fc2.bias": np.zeros(7, np.float32)})
+    with pytest.raises(EdgetrainError, match=r"fc2.bias.*float\[7\].*float\[128\]"):
+        Module(d / "training_model.onnx", CheckpointState(wrong))
+
+
+def test_properties_and_save_round_trip(shared, tmp_path):
+    _, state, module = _mlp(shared)
+    state.properties["epoch"] = 3
+    state.properties["best"] = 0.25
+    state.properties["name"] = "mlp"
+    with pytest.raises(InputError, match="list"):
+        state.properties["bad"] = [1]
+    state.parameters["fc3.bias"] = np.arange(10, dtype=np.float32)
+    CheckpointState.save_checkpoint(state, tmp_path / "ckpt")
+    again = CheckpointState.load_checkpoint(tmp_path / "ckpt")
+    assert dict(again.properties) == {"epoch": 3, "best": 0.25, "name": "mlp"}
+    np.testing.assert_array_equal(again.parameters["fc3.bias"].data, np.arange(10))
+    assert [n for n, _ in again.parameters] == sorted(n for n, _ in state.parameters)
+
+
+def test_linear_lr_scheduler_follows_the_documented_formula(shared):
+    d, state, module = _mlp(shared)
+    opt = Optimizer(d / "optimizer_model.onnx", module)
+    sched = LinearLRScheduler(opt, warmup_step_count=2, total_step_count=6, initial_lr=0.1)
+    x, y = _batch()
+    seen = [opt.get_learning_rate()]
+    for _ in range(7):
+        module(x, y)
+        opt.step()
+        sched.step()
+        seen.append(opt.get_learning_rate())
+    np.testing.assert_allclose(seen, [0.0, 0.05, 0.1, 0.075, 0.05, 0.025, 0.0, 0.0], atol=1e-8)
