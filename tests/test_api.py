@@ -128,3 +128,71 @@ def test_linear_lr_scheduler_follows_the_documented_formula(shared):
         sched.step()
         seen.append(opt.get_learning_rate())
     np.testing.assert_allclose(seen, [0.0, 0.05, 0.1, 0.075, 0.05, 0.025, 0.0, 0.0], atol=1e-8)
+
+
+def _run(module, optimizer, batches):
+    losses = []
+    for x, y in batches:
+        losses.append(float(module(x, y)))
+        optimizer.step()
+        module.lazy_reset_grad()
+    return losses
+
+
+def test_save_with_optimizer_state_then_resume_continues_identically(shared, tmp_path):
+    d, state, module = _mlp(shared)
+    opt = Optimizer(d / "optimizer_model.onnx", module)
+    opt.set_learning_rate(2e-3)
+    batches = [_batch(k) for k in range(6)]
+    _run(module, opt, batches[:3])
+    CheckpointState.save_checkpoint(state, tmp_path / "ckpt", include_optimizer_state=True)
+    straight = _run(module, opt, batches[3:])
+
+    resumed_state = CheckpointState.load_checkpoint(tmp_path / "ckpt")
+    resumed = Module(d / "training_model.onnx", resumed_state, d / "eval_model.onnx")
+    resumed_opt = Optimizer(d / "optimizer_model.onnx", resumed)
+    assert resumed_opt.get_learning_rate() == pytest.approx(1e-3)   # the stored initial rate, as ORT stores it
+    resumed_opt.set_learning_rate(2e-3)
+    assert _run(resumed, resumed_opt, batches[3:]) == straight
+
+
+BENCH = ["cnn", "digits", "mlp", "mobilenet", "transformer"]
+
+
+def _flow(folder, name, steps=3):
+    import onnx
+    state = CheckpointState.load_checkpoint(folder / "checkpoint")
+    module = Module(folder / "training_model.onnx", state, folder / "eval_model.onnx")
+    opt = Optimizer(folder / "optimizer_model.onnx", module)
+    graph = onnx.load(str(folder / "training_model.onnx")).graph
+    first = graph.input[0]
+    dims = [d.dim_value or 16 for d in first.type.tensor_type.shape.dim]
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 100, dims) if first.type.tensor_type.elem_type == 7 else rng.standard_normal(dims).astype(
+        np.float32)
+    classes = {"transformer": 4}.get(name, 10)
+    y = rng.integers(0, classes, dims[0])
+    losses = _run(module, opt, [(x, y)] * steps)
+    module.eval()
+    return losses, float(module(x, y)), state
+
+
+@pytest.mark.parametrize("name", BENCH)
+def test_whole_flow_on_ort_artifacts(shared, name):
+    losses, eval_loss, _ = _flow(shared / "ort_artifacts" / name, name)
+    assert losses[-1] < losses[0] and np.isfinite(eval_loss)
+
+
+@pytest.mark.parametrize("name", BENCH)
+def test_whole_flow_on_edgetrain_artifacts_matches_ort_artifacts(shared, tmp_path, name):
+    from edgetrain import artifacts
+    ckpt = checkpoint.load(shared / "ort_artifacts" / name / "checkpoint")
+    artifacts.generate_artifacts(str(shared / "models" / f"{name}.onnx"), requires_grad=list(ckpt.trainable),
+                                 frozen_params=list(ckpt.frozen), loss=artifacts.LossType.CrossEntropyLoss,
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path)
+    ours, ours_eval, state = _flow(tmp_path, name)
+    theirs, theirs_eval, _ = _flow(shared / "ort_artifacts" / name, name)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours_eval, theirs_eval, rtol=1e-4, atol=1e-5)
+    if name == "mobilenet":   # batch-norm running statistics move while training
+        assert not np.allclose(state.parameters["bn1.running_mean"].data, ckpt.frozen["bn1.running_mean"])
