@@ -24,6 +24,8 @@ from edgetrain.checkpoint import schema as S
 from edgetrain.checkpoint.verify import Buffer
 from edgetrain.errors import EdgetrainError
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 ORT_MODELS = ["cnn", "digits", "mlp", "mlp_sgd", "mobilenet", "transformer"]
 ORT_ELEM = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
             9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
@@ -418,6 +420,7 @@ def test_offsets_pointing_outside_the_file(shared):
         assert peak_alloc(lambda d=data: load_or_error(d)) < 2 * n + 64 * 1024, what
 
 
+@pytest.mark.native   # asserts a time budget
 def test_shared_tables_cannot_multiply_work():
     """One optimizer group (with a 4 kB moment) referenced 20000 times from a 90 kB file: refused, fast."""
     b = flatbuffers.Builder(1024)
@@ -486,6 +489,7 @@ def test_every_truncation_is_an_error_or_loses_only_padding(which):
     assert loaded <= 8
 
 
+@pytest.mark.native   # asserts a time budget
 @pytest.mark.parametrize("which", ["ort_digits", "sample"])
 def test_random_corruption_raises_checkpoint_error_or_loads(which):
     good = corruption_corpus()[which]

@@ -8,6 +8,8 @@ from oracle import model
 import edgetrain
 from edgetrain.errors import GraphError, InputError, ModelLoadError, ShapeError, UnsupportedOpError
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 
 def _relu_model(dtype=TensorProto.FLOAT, dims=("N", 3)):
     x = helper.make_tensor_value_info("x", dtype, list(dims))

@@ -10,6 +10,8 @@ from edgetrain.errors import GraphError
 from edgetrain.ir import Graph, Node, TensorType, Value
 from edgetrain.ops import OP_TABLE
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 ROOT = Path(edgetrain.__file__).resolve().parent
 
 

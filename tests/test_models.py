@@ -6,6 +6,8 @@ from oracle import run_onnxruntime
 
 import edgetrain
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 EVAL_MODELS = ["cnn", "digits", "mlp", "mlp_sgd", "mobilenet", "transformer"]
 
 

@@ -8,6 +8,8 @@ from edgetrain.plan import make_plan
 from edgetrain.plan.memory import ALIGN
 from edgetrain.session import bind_feeds
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 
 def _plan(path, **kw):
     graph = to_graph(str(path))

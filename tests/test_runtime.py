@@ -7,6 +7,8 @@ from conftest import random_feed
 
 import edgetrain
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "mobilenet"])
 def test_steady_state_runs_allocate_nothing(shared, name):

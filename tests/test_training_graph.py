@@ -11,6 +11,8 @@ from edgetrain.plan import make_plan
 from edgetrain.runtime import Program
 from edgetrain.session import bind_feeds
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 
 def with_cross_entropy(path):
     g = to_graph(str(path))

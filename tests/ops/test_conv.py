@@ -14,6 +14,8 @@ import edgetrain
 from edgetrain.errors import ShapeError
 from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 # (X shape, W shape, attributes); the cases cover every kernel path: im2col + GEMM (group 1), grouped GEMM,
 # pointwise (no im2col), and the direct loop (one input channel per group).
 CASES = {

@@ -19,6 +19,8 @@ import edgetrain
 from edgetrain.errors import EdgetrainError, ShapeError
 from edgetrain.ops import elementwise
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 F32, F64, I64, BOOL = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.bool_)
 FLOATS = (F32, F64)
 NUMERIC = (F32, F64, I64)

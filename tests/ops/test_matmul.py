@@ -13,6 +13,8 @@ import edgetrain
 from edgetrain.errors import ShapeError
 from edgetrain.ops import matmul
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 
 def rand(shape, dtype=np.float32, key=None):
     rng = np.random.default_rng(zlib.crc32(repr(("mm", shape, str(np.dtype(dtype)), key)).encode()))

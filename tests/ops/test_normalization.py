@@ -13,6 +13,8 @@ from edgetrain.errors import ShapeError, UnsupportedOpError
 from edgetrain.ir import Graph, Node, TensorType, Value
 from edgetrain.onnx_io import from_graph
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 FLOATS = [np.float32, np.float64]
 
 

@@ -12,6 +12,8 @@ import edgetrain
 from edgetrain.errors import ShapeError
 from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 MAX_CASES = {
     "2x2_s2": ((2, 3, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
     "3x3_s1_pad1": ((2, 3, 7, 6), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),

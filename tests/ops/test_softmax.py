@@ -6,6 +6,8 @@ from onnx import helper
 from edgetrain.errors import ShapeError
 from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 FLOATS = [np.float32, np.float64]
 
 

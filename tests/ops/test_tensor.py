@@ -16,6 +16,8 @@ from edgetrain.ir import Graph, Node, TensorType, Value
 from edgetrain.onnx_io import from_graph
 from edgetrain.ops import tensor
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
+
 I64_MAX, I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
 

@@ -18,6 +18,8 @@ from edgetrain.ops import OP_TABLE
 from edgetrain.plan import make_plan
 from edgetrain.runtime import Program
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run): small flat arrays
+
 MS, ET = "com.microsoft", "ai.edgetrain"
 STATE = {"AdamWOptimizer": ["params", "gradients", "first_order_moments", "second_order_moments"],
          "SGDOptimizerV2": ["params", "gradients"], "SGDOptimizer": ["params", "gradients", "first_order_moments"],
