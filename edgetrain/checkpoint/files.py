@@ -64,6 +64,27 @@ def write_atomic(path, data) -> None:
                                   "if any, is unchanged") from e
         raise
     _fsync_folder(folder)
+    _remove_orphans(folder, os.path.basename(path))
+
+
+def _remove_orphans(folder: str, name: str) -> None:
+    """Delete temporary files of ``name`` left by writers that were killed (their process is gone)."""
+    prefix = f".{name}."
+    for entry in os.listdir(folder):
+        if not (entry.startswith(prefix) and entry.endswith(".tmp")):
+            continue
+        pid = entry[len(prefix):].split(".")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(os.path.join(folder, entry))
+            except OSError:
+                pass
+        except OSError:
+            pass                                  # alive under another user: not ours to judge
 
 
 def _fsync_folder(folder: str) -> None:

@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("demo", "plan")
+COMMANDS = ("artifacts", "demo", "eval", "export", "plan", "train")
 
 
 def _module(name: str):
