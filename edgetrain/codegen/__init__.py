@@ -95,7 +95,7 @@ def generate(step: Step, spec: Specialized) -> FusedKernel:
         indent += "    "
     lines += [indent + s for s in body[rank] + temps + stores]
     func = "\n".join(lines) + "\n"
-    helpers = HELPERS if "_trunc_div" in func else ""
+    helpers = "".join(src for name, src in HELPERS.items() if f"{name}(" in func)
     # numpy's error model: float x / 0 gives inf or nan, as numpy and onnxruntime do, not ZeroDivisionError
     source = ("import math\nimport numpy as np\nfrom numba import njit\n" + helpers
               + "\n\n@njit(cache=True, nogil=True, error_model=\"numpy\")\n" + func)
