@@ -16,6 +16,8 @@ pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, RE
 
 MAX_CASES = {
     "2x2_s2": ((2, 3, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
+    "2x2_s2_odd": ((2, 3, 9, 7), dict(kernel_shape=[2, 2], strides=[2, 2])),
+    "2x2_s2_ceil": ((1, 2, 9, 7), dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),
     "3x3_s1_pad1": ((2, 3, 7, 6), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
     "asym_pads": ((2, 3, 7, 8), dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 2, 1])),
     "no_strides": ((1, 2, 5, 6), dict(kernel_shape=[2, 3])),
@@ -70,7 +72,7 @@ def test_max_pool_with_indices(case, ties):
     assert_matches(_pool_model("MaxPool", x, attrs, ("Y", "I")), {"X": x}, oracle=run_onnxruntime)
 
 
-@pytest.mark.parametrize("case", ["2x2_s2", "asym_pads", "dilations", "ceil_mode", "1d", "valid"])
+@pytest.mark.parametrize("case", ["2x2_s2", "2x2_s2_odd", "asym_pads", "dilations", "ceil_mode", "1d", "valid"])
 def test_max_pool_values_only(case):
     shape, attrs = MAX_CASES[case]
     x = _seed(case).standard_normal(shape).astype(np.float32)
@@ -84,6 +86,23 @@ def test_max_pool_float64(case):
     shape, attrs = MAX_CASES[case]
     x = _seed(case, "f64").standard_normal(shape)
     assert_matches(_pool_model("MaxPool", x, attrs, ("Y", "I")), {"X": x}, oracle=run_onnxruntime)
+
+
+@pytest.mark.parametrize("case", ["2x2_s2_odd", "3x3_s1_pad1"])
+def test_max_pool_nan_gives_nan_and_index_minus_one(case):
+    """A NaN anywhere in a window gives NaN and Indices -1 (numpy's and PyTorch's rule; onnxruntime skips NaNs,
+    so the oracle here is numpy over the windows)."""
+    shape, attrs = MAX_CASES[case]
+    x = _seed(case, "nan").standard_normal(shape).astype(np.float32)
+    x[0, 0, 1, 1] = x[1, 2, 4, 4] = np.nan
+    y, i = edgetrain.InferenceSession(_pool_model("MaxPool", x, attrs, ("Y", "I"))).run(None, {"X": x})
+    if case.startswith("2x2"):
+        oh, ow = y.shape[2:]
+        windows = x[:, :, :2 * oh, :2 * ow].reshape(*shape[:2], oh, 2, ow, 2)
+        np.testing.assert_array_equal(y, windows.max(axis=(3, 5)))        # numpy's max propagates NaN
+    nan = np.isnan(y)
+    assert nan.sum() >= 2 and np.all(i[nan] == -1) and np.all(i[~nan] >= 0)
+    np.testing.assert_array_equal(x.reshape(-1)[i[~nan]], y[~nan])
 
 
 def test_max_pool_indices_only_second_output_empty():
