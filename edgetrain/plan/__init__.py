@@ -17,7 +17,7 @@ from ..errors import EdgetrainError, MemoryBudgetError
 from ..ir import Graph, TensorType
 from .fusion import Step, fuse
 from .lower import lower
-from .memory import Buffer, MemoryPlan, plan_memory
+from .memory import Buffer, MemoryPlan, live_at_peak, plan_memory
 from .specialize import Specialized, specialize
 
 
@@ -71,6 +71,31 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 10_000 else f"{n} B"
 
 
+def peak_tensors(plan: Plan, top: int = 5) -> tuple[int, int, list[tuple[str, str, int]]]:
+    """(step, live bytes, [(name, type, bytes)] largest first) where the plan's live arena bytes peak."""
+    step, live, buffers = live_at_peak(plan.memory, len(plan.steps))
+    scratch = {id(plan.memory.buffers[b]): s for s, bs in plan.memory.workspaces.items() for b in bs}
+    rows = []
+    for b in buffers[:top]:
+        t = plan.spec.types.get(b.name)
+        if id(b) in scratch:     # a kernel's scratch (im2col columns, ...): name the node it serves
+            node = plan.steps[scratch[id(b)]].nodes[0].node
+            rows.append((f"{node.name or node.op_type} scratch", "workspace", b.nbytes))
+        else:
+            rows.append((b.name, str(t) if t is not None else "?", b.nbytes))
+    return step, live, rows
+
+
+def _over_budget(name: str, plan: Plan, max_memory: int) -> str:
+    step, live, rows = peak_tensors(plan)
+    where = "the inputs"
+    if 0 <= step < len(plan.steps):
+        where = f"step {step} ({plan.steps[step].label} '{plan.steps[step].nodes[0].node.name}')"
+    return (f"graph '{name}' needs an arena of {plan.arena_bytes} bytes ({_mb(plan.arena_bytes)}), over the "
+            f"budget of {max_memory} bytes ({_mb(max_memory)}); at its peak, {where}, {live} bytes are alive; "
+            "largest tensors there: " + ", ".join(f"'{n}' {t} {_mb(b)}" for n, t, b in rows))
+
+
 def make_plan(graph: Graph, input_types: dict[str, TensorType], output_names: list[str],
               consts: dict[str, np.ndarray] | None = None, max_memory: int | None = None,
               external=()) -> Plan:
@@ -87,13 +112,10 @@ def make_plan(graph: Graph, input_types: dict[str, TensorType], output_names: li
     memory = plan_memory(spec, steps, workspaces, reuse=config.planner_enabled(), external=external)
     plan = Plan(spec, steps, memory, external)
     if max_memory is not None and plan.arena_bytes > max_memory:
-        biggest = sorted(memory.buffers, key=lambda b: -b.nbytes)[:5]
-        raise MemoryBudgetError(
-            f"graph '{graph.name}' needs an arena of {plan.arena_bytes} bytes, over the budget of {max_memory} "
-            "bytes; largest tensors: " + ", ".join(f"'{b.name}' {b.nbytes} B" for b in biggest))
+        raise MemoryBudgetError(_over_budget(graph.name, plan, max_memory))
     if config.debug():
         print(f"edgetrain: {graph.name}: {plan.summary()}", file=sys.stderr)
     return plan
 
 
-__all__ = ["Plan", "Step", "make_plan", "specialize"]
+__all__ = ["Plan", "Step", "make_plan", "peak_tensors", "specialize"]

@@ -143,3 +143,16 @@ def _assign_offsets(buffers: list[Buffer]) -> int:
         placed.append(b)
         top = max(top, b.offset + size)
     return top
+
+
+def live_at_peak(memory: MemoryPlan, n_steps: int) -> tuple[int, int, list[Buffer]]:
+    """(step, bytes, buffers largest first) at the step where the most arena bytes are alive at once.
+
+    The arena can exceed that sum (gaps the best-fit placement left), never fall below it."""
+    best_step, best_bytes, best_live = -1, 0, []
+    for s in range(max(n_steps, 1)):
+        live = [b for b in memory.buffers if b.start <= s <= b.end]
+        total = sum(aligned(b.nbytes) for b in live)
+        if total > best_bytes:
+            best_step, best_bytes, best_live = s, total, live
+    return best_step, best_bytes, sorted(best_live, key=lambda b: -b.nbytes)

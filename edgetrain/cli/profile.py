@@ -1,0 +1,60 @@
+"""Profile training artifacts: planned and measured memory per step, and where each step spends its time.
+
+For each kind of step (train, eval, optimizer): the planned arena (and without reuse), the state it binds,
+the process's RSS, USS and anonymous memory after each steady step and their growth, Python-heap bytes per
+step, kernels compiled or loaded from the cache, and each kernel call's time. --max-memory makes planning
+fail early, saying how much is needed and which tensors dominate.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '64MB', '1.5GB', '512KiB' or a plain count (kB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in UNITS:
+        raise ValueError(f"'{text}' is not a size: write e.g. 64MB, 1.5GB, 512KiB or a number of bytes")
+    return int(float(m.group(1)) * UNITS[unit])
+
+
+def _size_arg(text: str) -> int:
+    import argparse
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_arguments(p):
+    p.add_argument("artifacts", help="folder with training_model.onnx and checkpoint (eval_model.onnx and "
+                                     "optimizer_model.onnx when present)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="batch size for symbolic batch dimensions (default: the model's fixed batch)")
+    p.add_argument("--steps", type=int, default=20, help="steady steps measured of each kind (default 20)")
+    p.add_argument("--data", default=None, metavar="FILE.npz",
+                   help="arrays named like the model's inputs, used instead of synthetic inputs")
+    p.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE",
+                   help="memory budget, e.g. 64MB or 1.5GB: planning fails early if a step's arena or the "
+                        "planned total is over it")
+    p.add_argument("--top", type=int, default=10, help="kernels listed per step (default 10)")
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+
+
+def run(args) -> int:
+    from ..profiling import profile_artifacts
+
+    report = profile_artifacts(args.artifacts, batch_size=args.batch_size, steps=args.steps, data=args.data,
+                               max_memory=args.max_memory)
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(report.table(args.top))
+    return 0
