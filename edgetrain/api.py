@@ -162,8 +162,9 @@ class _ModelIO:
 
 
 def _load(uri) -> Graph:
-    from .onnx_io import to_graph
-    return to_graph(os.fspath(uri) if isinstance(uri, os.PathLike) else uri)
+    """An ONNX or compact (.etm) model, told apart by content; onnx is imported only for ONNX files."""
+    from .compact import load_graph
+    return load_graph(uri)
 
 
 def _classify(graph: Graph, params: set[str]) -> _ModelIO:
@@ -186,6 +187,15 @@ def _running_stats(graph: Graph) -> list[tuple[str, str]]:
     return pairs
 
 
+@dataclass
+class _Bound:
+    """A program bound to a module for one set of input shapes."""
+    program: Program
+    feed_order: list[int]                            # user-input position of each of plan.fed_inputs
+    results: list[int]                               # program outputs the caller gets, loss first
+    stats: list[tuple[np.ndarray, np.ndarray]]       # (updated running statistic, the frozen array it replaces)
+
+
 class Module:
     """A training model (and optionally its eval model) bound to a CheckpointState.
 
@@ -194,7 +204,7 @@ class Module:
     """
 
     def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None, device: str = "cpu",
-                 session_options=None):
+                 session_options=None, max_memory: int | None = None):
         if device != "cpu":
             raise EdgetrainError(f"device '{device}' is not supported: edgetrain trains on the CPU")
         if state._store is not None:
@@ -218,7 +228,9 @@ class Module:
             self._eval = _classify(_load(eval_model_uri), known)
         self._reset = np.ones(1, np.bool_)     # the first step overwrites whatever the buffers held
         self._stats = _running_stats(self._train.graph)
-        self._programs: dict = {}
+        self._programs: dict = {}            # (id(model io), input shapes) -> Program
+        self._bound: dict = {}               # (id(model io), (shape, dtype) per input) -> _Bound
+        self.max_memory = max_memory    # bytes each step's arena may take; planning fails beyond it
         self.training = True
 
     @staticmethod
@@ -283,30 +295,42 @@ class Module:
             outputs = [v.name for v in io.graph.outputs]
             if io is self._train:
                 outputs += [out for out, _ in self._stats]
-            plan = make_plan(io.graph, types, outputs, external=external)
+            plan = make_plan(io.graph, types, outputs, external=external, max_memory=self.max_memory)
             prog = self._programs[key] = Program(plan, external)
         return prog
+
+    def _bind(self, io: _ModelIO, user_inputs) -> "_Bound":
+        """Validate the inputs, plan (once per input shape) and precompute what each call moves."""
+        prog = self._program(io, dict(zip(io.user_inputs, user_inputs)))
+        names = prog.plan.spec.output_names
+        named = dict(zip(names, prog.outputs))
+        stats = [(named[out], self._store.frozen[param]) for out, param in self._stats] if io is self._train else []
+        return _Bound(prog, [io.user_inputs.index(n) for n in prog.plan.fed_inputs],
+                      [k for k, name in enumerate(names) if name in io.outputs], stats)
 
     def __call__(self, *user_inputs):
         io = self._io()
         if len(user_inputs) != len(io.user_inputs):
             raise InputError(f"the {'training' if self.training else 'eval'} model takes {len(io.user_inputs)} "
                              f"input(s) {io.user_inputs}, got {len(user_inputs)}")
-        feeds = dict(zip(io.user_inputs, user_inputs))
-        prog = self._program(io, feeds)
-        outs = prog.run([feeds[n] for n in prog.plan.fed_inputs])
+        # inputs of a shape and type seen before were validated then: skip straight to the program
+        key = (id(io), *((x.shape, x.dtype) if type(x) is np.ndarray else id(x) for x in user_inputs))
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound[key] = self._bind(io, user_inputs)
+        outs = bound.program.run([user_inputs[k] for k in bound.feed_order])
         if io is self._train:
             self._reset[0] = False
             self._store.has_gradients = True
-            named = dict(zip(prog.plan.spec.output_names, outs))
-            for out, param in self._stats:
-                np.copyto(self._store.frozen[param], named[out])
-        results = [np.array(o) for o, name in zip(outs, prog.plan.spec.output_names) if name in io.outputs]
-        loss = results[0]
-        if not np.all(np.isfinite(loss)):
+            for updated, running_stat in bound.stats:
+                np.copyto(running_stat, updated)
+        loss = outs[bound.results[0]]
+        if not np.isfinite(loss).all():
             raise EdgetrainError(f"loss '{io.outputs[0]}' is {loss.reshape(-1)[0]} (not finite): check the "
                                  "inputs and the learning rate")
-        return results[0] if len(results) == 1 else results
+        if len(bound.results) == 1:
+            return np.array(loss)
+        return [np.array(outs[k]) for k in bound.results]
 
     # -- parameters -----------------------------------------------------------------------------------------
     def get_parameters_size(self, trainable_only: bool = True) -> int:
@@ -340,7 +364,11 @@ class Module:
         if self._eval is None:
             raise EdgetrainError("export_model_for_inferencing needs the eval model: pass eval_model_uri to Module")
         from .autodiff.training import inference_graph
-        from .onnx_io import from_graph, save_model
+        try:
+            from .onnx_io import from_graph, save_model
+        except ImportError as e:     # a device with only compact models and no onnx package
+            raise EdgetrainError(f"export_model_for_inferencing writes an ONNX model and needs the onnx package "
+                                 f"({e}); install it, or export on a host from a saved checkpoint") from None
         g = self._eval.graph
         known = {o for n in g.nodes for o in n.outputs} | {v.name for v in g.inputs}
         missing = [n for n in graph_output_names if n not in known]
@@ -380,7 +408,8 @@ class Optimizer:
         types = {n: (flat if n in ("params", "gradients") + MOMENT_INPUTS else TensorType(a.dtype, a.shape))
                  for n, a in arrays.items() if n in names}
         external = {n: arrays[n] for n in names}
-        plan = make_plan(graph, types, [v.name for v in graph.outputs], external=external)
+        plan = make_plan(graph, types, [v.name for v in graph.outputs], external=external,
+                         max_memory=module.max_memory)
         self._program = Program(plan, external)
         module._state._optimizer = self
 

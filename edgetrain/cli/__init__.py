@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("artifacts", "demo", "eval", "export", "plan", "train")
+COMMANDS = ("artifacts", "demo", "eval", "export", "plan", "profile", "reduce", "train")
 
 
 def _module(name: str):
