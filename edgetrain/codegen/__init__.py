@@ -25,6 +25,10 @@ class FusedKernel:
     source: str
     input_shapes: list[tuple[int, ...]]    # collapsed shape each input is viewed with
     output_shape: tuple[int, ...]          # collapsed iteration shape
+    scratch_rows: int = 0                  # trailing arguments: float rows of SCRATCH elements (in-place kernels)
+
+
+SCRATCH = 256   # elements per scratch row: a chunk of the innermost loop, L1-resident
 
 
 class _Scalar:
@@ -61,7 +65,10 @@ def collapse(out_shape: tuple[int, ...], in_shapes: list[tuple[int, ...]]):
     return shape, views
 
 
-def generate(step: Step, spec: Specialized) -> FusedKernel:
+def generate(step: Step, spec: Specialized, in_place: bool = False) -> FusedKernel:
+    """``in_place``: an output shares its buffer with an input. LLVM then finds the arrays overlapping and runs
+    its scalar loop (4-13x slower, libm calls included), so the innermost loop runs in chunks computed into
+    scratch rows (passed in, allocated once by the program) and copied out after each chunk: both vectorize."""
     from ..kernels.elementwise import HELPERS, SCALAR
 
     in_shapes = [spec.types[i].shape for i in step.inputs]
@@ -85,21 +92,37 @@ def generate(step: Step, spec: Specialized) -> FusedKernel:
         expr = SCALAR[node.op_type](operands, k)
         names[node.outputs[0]] = f"t{n}"
         temps.append(f"t{n} = {expr}")
-    out_index = ", ".join(idx)
-    stores = [f"o{k}[{out_index}] = {names[o]}" for k, o in enumerate(step.outputs)]
+    last = rank - 1
+    n_out = len(step.outputs)
+    if in_place:
+        args += [f"s{k}" for k in range(n_out)]
+        stores = [f"s{k}[{idx[last]} - c0] = {names[o]}" for k, o in enumerate(step.outputs)]
+        row = ", ".join(idx[:last] + ["c0:c1"])
+        copies = [f"o{k}[{row}] = s{k}[:c1 - c0]" for k in range(n_out)]
+    else:
+        out_index = ", ".join(idx)
+        stores = [f"o{k}[{out_index}] = {names[o]}" for k, o in enumerate(step.outputs)]
     lines = [f"def kernel({', '.join(args)}):", f"    {', '.join(f'n{d}' for d in range(rank))}, = o0.shape"]
     indent = "    "
     for d in range(rank):
         lines += [indent + s for s in body[d]]
-        lines.append(f"{indent}for {idx[d]} in range(n{d}):")
-        indent += "    "
+        if in_place and d == last:
+            lines.append(f"{indent}for c0 in range(0, n{d}, {SCRATCH}):")
+            lines.append(f"{indent}    c1 = min(c0 + {SCRATCH}, n{d})")
+            lines.append(f"{indent}    for {idx[d]} in range(c0, c1):")
+            indent += "        "
+        else:
+            lines.append(f"{indent}for {idx[d]} in range(n{d}):")
+            indent += "    "
     lines += [indent + s for s in body[rank] + temps + stores]
+    if in_place:
+        lines += [indent[:-4] + c for c in copies]
     func = "\n".join(lines) + "\n"
     helpers = "".join(src for name, src in HELPERS.items() if f"{name}(" in func)
     # numpy's error model: float x / 0 gives inf or nan, as numpy and onnxruntime do, not ZeroDivisionError
     source = ("import math\nimport numpy as np\nfrom numba import njit\n" + helpers
               + "\n\n@njit(cache=True, nogil=True, error_model=\"numpy\")\n" + func)
-    return FusedKernel(source, views, shape)
+    return FusedKernel(source, views, shape, n_out if in_place else 0)
 
 
 _LOADED: dict[str, object] = {}

@@ -62,14 +62,18 @@ class Program:
             if step.kind == "alias" and step.outputs[0] not in self.values:
                 self.values[step.outputs[0]] = self.values[step.inputs[0]].reshape(spec.types[step.outputs[0]].shape)
         self.calls: list[tuple] = []
+        self._scratch_rows: dict[np.dtype, np.ndarray] = {}
         for s, step in enumerate(plan.steps):
             if step.kind == "alias":
                 continue
             if step.kind == "fused":
-                k = codegen.generate(step, spec)
+                buffers = mem.value_buffer
+                shared = {buffers.get(o) for o in step.outputs} & {buffers.get(i) for i in step.inputs}
+                k = codegen.generate(step, spec, in_place=bool(shared - {None}))
                 fn = codegen.load(k.source)
                 args = [self.values[i].reshape(v) for i, v in zip(step.inputs, k.input_shapes)]
                 args += [self.values[o].reshape(k.output_shape) for o in step.outputs]
+                args += [self._scratch(spec.types[o].dtype, r) for r, o in enumerate(step.outputs[:k.scratch_rows])]
             else:
                 b = step.nodes[0]
                 fn = launcher(b.op.kernel)(b.ctx)
@@ -80,6 +84,13 @@ class Program:
             self.calls.append((fn, tuple(args)))
         self.input_slots = [self.values[name] for name in plan.fed_inputs]
         self.outputs = [self.values[name] for name in spec.output_names]
+
+    def _scratch(self, dtype, row: int) -> np.ndarray:
+        """Row ``row`` of this program's scratch rows for ``dtype`` (fixed size, shared by its in-place kernels)."""
+        rows = self._scratch_rows.get(np.dtype(dtype))
+        if rows is None or rows.shape[0] <= row:
+            rows = self._scratch_rows[np.dtype(dtype)] = np.empty((row + 1, codegen.SCRATCH), dtype)
+        return rows[row]
 
     def _view(self, offset: int, t) -> np.ndarray:
         return self.arena[offset:offset + t.nbytes].view(t.dtype).reshape(t.shape)
