@@ -77,7 +77,9 @@ def ensure(venv: Path = VENV) -> Path:
     return py
 
 
-_PRELUDE = '''
+# Keeps torch out of the process and imports onnxruntime.training.api without the package's __init__ (which
+# imports torch); binds ``ort``, ``ort_api`` and ``np``. bench/train.py starts its ORT workers with it too.
+ORT_WITHOUT_TORCH = '''
 import importlib, importlib.abc, importlib.util, json, os, sys, types
 
 class _NoTorch(importlib.abc.MetaPathFinder):
@@ -94,7 +96,9 @@ _training = types.ModuleType("onnxruntime.training")    # skip the package __ini
 _training.__path__ = [os.path.join(_pkg, "training")]
 sys.modules["onnxruntime.training"] = _training
 from onnxruntime.training import api as ort_api
+'''
 
+_PRELUDE = ORT_WITHOUT_TORCH + '''
 sys.path.append(os.path.join(_pkg, "tools", "ort_format_model"))   # they import ort_flatbuffers_py.fbs.*
 
 def fbs(table):
