@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import struct
 
 import numpy as np
 
+from . import atomic
 from .errors import EdgetrainError, GraphError, ModelLoadError
 from .ir import Graph, Node, SequenceType, TensorType, Value
 from .ir.dtypes import ONNX_TO_NUMPY
@@ -131,41 +131,12 @@ def dumps(graph: Graph) -> bytes:
 
 def save(graph: Graph, path) -> None:
     """Write ``graph`` to ``path`` atomically; a crash leaves the old file or the new one, whole."""
-    _write_atomic(os.fspath(path), dumps(graph))
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    data = dumps(graph)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        try:
-            view = memoryview(data)
-            while view:                             # raw writes may be partial
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(e, OSError):
-            raise ModelLoadError(f"cannot write model file '{path}': {e.strerror or e}; the previous file, if "
-                                 "any, is unchanged") from e
-        raise
-    try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)                                # so the rename itself survives a power cut
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        atomic.write_atomic(path, data)
+    except OSError as e:
+        raise ModelLoadError(f"cannot write model file '{os.fspath(path)}': {e.strerror or e}; the previous file, "
+                             "if any, is unchanged") from e
 
 
 # -- reading ---------------------------------------------------------------------------------------------------
