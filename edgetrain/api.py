@@ -14,6 +14,7 @@ from .errors import EdgetrainError, InputError
 from .ir import Graph, TensorType
 from .plan import make_plan
 from .runtime import Program
+from .runtime.program import aligned_empty
 from .runtime.state import StateStore
 from .session import bind_feeds
 
@@ -229,6 +230,7 @@ class Module:
         self._reset = np.ones(1, np.bool_)     # the first step overwrites whatever the buffers held
         self._stats = _running_stats(self._train.graph)
         self._programs: dict = {}            # (id(model io), input shapes) -> Program
+        self._arena = None                   # shared by every program of the module: they never run at once
         self._bound: dict = {}               # (id(model io), (shape, dtype) per input) -> _Bound
         self.max_memory = max_memory    # bytes each step's arena may take; planning fails beyond it
         self.training = True
@@ -296,7 +298,11 @@ class Module:
             if io is self._train:
                 outputs += [out for out, _ in self._stats]
             plan = make_plan(io.graph, types, outputs, external=external, max_memory=self.max_memory)
-            prog = self._programs[key] = Program(plan, external)
+            if self._arena is None or self._arena.nbytes < plan.arena_bytes:
+                # programs made before keep the smaller arena they were bound to; first plans are usually
+                # the largest batch, so later shapes (a last partial batch, eval) fit in it
+                self._arena = aligned_empty(plan.arena_bytes)
+            prog = self._programs[key] = Program(plan, external, self._arena)
         return prog
 
     def _bind(self, io: _ModelIO, user_inputs) -> "_Bound":

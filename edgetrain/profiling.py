@@ -90,7 +90,7 @@ class Profile:
     steps: int
     inputs: dict[str, str]           # name -> type of the fed arrays
     state: dict[str, int]            # the whole state store, by kind
-    planned_bytes: int               # all arenas + state + constants
+    planned_bytes: int               # arenas (train and eval share one) + state + constants
     rss_baseline: int                # the process before loading the artifacts
     uss_baseline: int | None
     anon_baseline: int | None
@@ -350,7 +350,10 @@ def profile_artifacts(folder, batch_size: int | None = None, steps: int = 20, da
     model_names = {"train": "training_model.onnx", "eval": "eval_model.onnx", "optimizer": "optimizer_model.onnx"}
     reports = {k: _step_report(k, model_names[k], p, store, moments) for k, (p, _) in programs.items()}
     whole_state = _store_state(store)
-    planned = (sum(r.arena_bytes + r.constants_bytes for r in reports.values()) + sum(whole_state.values()))
+    # the train and eval programs share the module's arena (the larger of the two); the optimizer has its own
+    shared = max((r.arena_bytes for k, r in reports.items() if k != "optimizer"), default=0)
+    planned = (shared + sum(r.arena_bytes for k, r in reports.items() if k == "optimizer")
+               + sum(r.constants_bytes for r in reports.values()) + sum(whole_state.values()))
     if max_memory is not None and planned > max_memory:
         raise MemoryBudgetError(_over_total(folder, planned, max_memory, reports, whole_state))
 
@@ -496,8 +499,8 @@ def format_table(p: Profile, top: int = 10) -> str:
              "inputs: " + ", ".join(f"{n} {t}" for n, t in p.inputs.items()),
              "state store: " + ", ".join(f"{k} {_size(v)}" for k, v in p.state.items())
              + f" (total {_size(sum(p.state.values()))})",
-             f"planned: arenas {_size(sum(r.arena_bytes for r in p.reports))} + state {_size(sum(p.state.values()))}"
-             f" + constants {_size(sum(r.constants_bytes for r in p.reports))} = {_size(p.planned_bytes)}"
+             f"planned: {_size(p.planned_bytes)} = arenas (train and eval share the larger) + state "
+             f"{_size(sum(p.state.values()))} + constants {_size(sum(r.constants_bytes for r in p.reports))}"
              + (f" (budget {_size(p.max_memory)})" if p.max_memory is not None else ""),
              (f"process before loading: RSS {_size(p.rss_baseline)}, USS {_size(p.uss_baseline)}, anonymous "
               f"{_size(p.anon_baseline)}; lifetime peak RSS {_size(p.rss_lifetime_peak)}"),

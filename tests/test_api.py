@@ -268,3 +268,30 @@ def test_contiguous_parameters_in_orts_order(shared, ort, name):
         ours = module.get_contiguous_parameters(trainable_only=trainable_only)
         assert module.get_parameters_size(trainable_only) == out[f"size{int(trainable_only)}"]
         np.testing.assert_array_equal(ours, out[f"flat{int(trainable_only)}"], err_msg=f"{trainable_only=}")
+
+
+def test_train_and_eval_programs_of_every_shape_share_one_arena(shared):
+    """The largest plan's arena serves the later, smaller ones (a last partial batch, eval); sharing changes no
+    result: the same steps on a module with its own arenas give the same losses."""
+    d = shared / "ort_artifacts" / "digits"
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((32, 64)).astype(np.float32), rng.integers(0, 10, 32)
+    losses = []
+    for share in (True, False):
+        module = Module(d / "training_model.onnx", CheckpointState.load_checkpoint(d / "checkpoint"),
+                        d / "eval_model.onnx")
+        opt = Optimizer(d / "optimizer_model.onnx", module)
+        run = []
+        for batch in (32, 8, 32):
+            for training, n in ((True, batch), (False, batch // 2)):
+                if not share:
+                    module._arena = None       # a new shape gets an arena of its own
+                module.train(training)
+                run.append(float(module(x[:n], y[:n])))
+                if training:
+                    opt.step()
+                    module.lazy_reset_grad()
+        arenas = {id(p.arena) for p in module._programs.values()}
+        assert len(module._programs) == 4 and len(arenas) == (1 if share else 4)
+        losses.append(run)
+    assert losses[0] == losses[1]

@@ -47,13 +47,17 @@ def _kernel_ready(c: np.ndarray) -> np.ndarray:
 
 class Program:
     """``external`` binds the plan's external inputs to persistent arrays (C-contiguous, of the planned type);
-    kernels read them and in-place ops write them directly. Update them in place, never rebind."""
+    kernels read them and in-place ops write them directly. Update them in place, never rebind.
+    ``arena``: a 64-byte aligned uint8 buffer to run in, shared with programs that never run at the same time
+    (a module's train and eval programs, one per input shape); default: its own."""
 
-    def __init__(self, plan: Plan, external: dict[str, np.ndarray] | None = None):
+    def __init__(self, plan: Plan, external: dict[str, np.ndarray] | None = None, arena: np.ndarray | None = None):
         limit_blas_threads(config.num_threads())
         self.plan = plan
         spec, mem = plan.spec, plan.memory
-        self.arena = aligned_empty(plan.arena_bytes)
+        if arena is not None and (arena.nbytes < plan.arena_bytes or arena.ctypes.data % 64):
+            raise ValueError(f"shared arena of {arena.nbytes} bytes cannot hold a plan of {plan.arena_bytes}")
+        self.arena = aligned_empty(plan.arena_bytes) if arena is None else arena
         self.values: dict[str, np.ndarray] = {name: _kernel_ready(c) for name, c in spec.consts.items()}
         self.values.update(_bind_external(plan, external or {}))
         for name, b in mem.value_buffer.items():
