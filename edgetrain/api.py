@@ -26,7 +26,7 @@ class Parameter:
     """One parameter: ``name``, ``data`` (a copy; assigning copies in), ``grad`` (None before the first
     training step), ``requires_grad``."""
 
-    def __init__(self, state: "CheckpointState", name: str, requires_grad: bool):
+    def __init__(self, state: CheckpointState, name: str, requires_grad: bool):
         self._state, self.name, self.requires_grad = state, name, requires_grad
 
     def _array(self) -> np.ndarray:
@@ -62,7 +62,7 @@ class Parameter:
 class Parameters:
     """Dict-like view of a state's parameters: ``[name]`` -> Parameter, ``[name] = array`` copies in."""
 
-    def __init__(self, state: "CheckpointState"):
+    def __init__(self, state: CheckpointState):
         self._state = state
 
     def _names(self) -> list[str]:
@@ -89,7 +89,7 @@ class Parameters:
 class Properties:
     """Dict-like user properties: int, float or str values."""
 
-    def __init__(self, state: "CheckpointState"):
+    def __init__(self, state: CheckpointState):
         self._props = state._checkpoint.properties
 
     def __getitem__(self, name: str):
@@ -119,11 +119,11 @@ class CheckpointState:
         self._optimizer = None
 
     @classmethod
-    def load_checkpoint(cls, checkpoint_uri: str | os.PathLike) -> "CheckpointState":
+    def load_checkpoint(cls, checkpoint_uri: str | os.PathLike) -> CheckpointState:
         return cls(ckpt_io.load(checkpoint_uri))
 
     @classmethod
-    def save_checkpoint(cls, state: "CheckpointState", checkpoint_uri: str | os.PathLike,
+    def save_checkpoint(cls, state: CheckpointState, checkpoint_uri: str | os.PathLike,
                         include_optimizer_state: bool = False) -> None:
         """Write parameters sorted by name (as ORT does), optimizer state if asked; atomically."""
         trainable = {n: np.array(state._array(n)) for n in sorted(state._checkpoint.trainable)}
@@ -254,11 +254,11 @@ class Module:
         return array
 
     # -- modes ----------------------------------------------------------------------------------------------
-    def train(self, mode: bool = True) -> "Module":
+    def train(self, mode: bool = True) -> Module:
         self.training = mode
         return self
 
-    def eval(self) -> "Module":
+    def eval(self) -> Module:
         return self.train(False)
 
     def lazy_reset_grad(self) -> None:
@@ -305,7 +305,7 @@ class Module:
             prog = self._programs[key] = Program(plan, external, self._arena)
         return prog
 
-    def _bind(self, io: _ModelIO, user_inputs) -> "_Bound":
+    def _bind(self, io: _ModelIO, user_inputs) -> _Bound:
         """Validate the inputs, plan (once per input shape) and precompute what each call moves."""
         prog = self._program(io, dict(zip(io.user_inputs, user_inputs)))
         names = prog.plan.spec.output_names
