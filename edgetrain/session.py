@@ -68,9 +68,9 @@ class InferenceSession:
     """
 
     def __init__(self, model, sess_options=None, providers=None, max_memory: int | None = None, **kwargs):
-        from .onnx_io import to_graph
+        from .compact import load_graph
 
-        self.graph: Graph = to_graph(model)
+        self.graph: Graph = load_graph(model)      # ONNX, or a compact .etm model (no onnx needed)
         self.max_memory = max_memory
         self._programs: dict[tuple, Program] = {}
         self._where = f"model '{model}'" if isinstance(model, str) else f"graph '{self.graph.name}'"

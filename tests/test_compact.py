@@ -285,3 +285,16 @@ def test_training_from_compact_files_without_onnx_or_protobuf(shared, tmp_path):
         module.lazy_reset_grad()
     want.append(float(module.eval()(x, y)))
     assert out["losses"] == want
+
+
+def test_inference_session_runs_a_compact_model(shared, tmp_path):
+    import edgetrain
+    from edgetrain import compact
+    from edgetrain.onnx_io import to_graph
+
+    model = shared / "models" / "digits.onnx"
+    compact.save(to_graph(str(model)), tmp_path / "digits.etm")
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    (want,) = edgetrain.InferenceSession(str(model)).run(None, {"input": x})
+    (got,) = edgetrain.InferenceSession(str(tmp_path / "digits.etm")).run(None, {"input": x})
+    np.testing.assert_array_equal(got, want)

@@ -24,6 +24,7 @@ def main(argv=None) -> int:
         mod.add_arguments(p)
         p.set_defaults(fn=mod.run)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # the command line, for "rebuild with" hints
     from ..errors import EdgetrainError
     try:
         return args.fn(args)

@@ -18,6 +18,9 @@ def add_arguments(p):
                    help="write only the two config files: no compact artifacts, no trimmed runtime")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dimension when computing types (default 1)")
+    p.add_argument("--batch-size", type=int, nargs="+", default=[1, 32], metavar="N",
+                   help="batch sizes the trimmed runtime is compiled and checked for (default 1 32; a symbolic "
+                        "batch of 1 and of any other size use different fused loops)")
 
 
 def run(args) -> int:
@@ -64,18 +67,16 @@ def write_artifacts(paths, target: Path) -> list[Path]:
 
 
 def build_runtime(args, folders: list[Path]) -> None:
-    """The trimmed runtime for the compact artifact folders: the single call into
-    edgetrain.minimal_build.runtime (skipped, with a note, where that module is absent)."""
-    import importlib
+    """The trimmed runtime for the compact artifact folders (edgetrain.minimal_build.runtime)."""
+    import shlex
 
-    try:
-        runtime = importlib.import_module("edgetrain.minimal_build.runtime")
-    except ModuleNotFoundError as e:
-        if e.name != "edgetrain.minimal_build.runtime":
-            raise
-        print("note: the trimmed runtime was not built: edgetrain.minimal_build.runtime is not available")
-        return
+    from ..minimal_build import runtime
+
     if not folders:
         print("note: the trimmed runtime was not built: it is built from artifact folders, and none was given")
         return
-    runtime.build(folders, Path(args.output), log=print)
+    rebuild = "edgetrain " + " ".join(shlex.quote(a) for a in args.argv)
+    build = runtime.build(folders, Path(args.output), batch_sizes=args.batch_size, rebuild_command=rebuild,
+                          log=print)
+    print(build.summary())
+    print(f"install on the device: pip install {build.wheel}   (or pip install {Path(args.output)})")
