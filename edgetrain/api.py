@@ -195,6 +195,7 @@ class _Bound:
     feed_order: list[int]                            # user-input position of each of plan.fed_inputs
     results: list[int]                               # program outputs the caller gets, loss first
     stats: list[tuple[np.ndarray, np.ndarray]]       # (updated running statistic, the frozen array it replaces)
+    held: list[tuple[np.ndarray, str]]               # (gradient buffer the program overwrites, its parameter)
 
 
 class Module:
@@ -231,6 +232,7 @@ class Module:
         self._stats = _running_stats(self._train.graph)
         self._programs: dict = {}            # (id(model io), input shapes) -> Program
         self._arena = None                   # shared by every program of the module: they never run at once
+        self._kept = None                    # gradient sums kept aside during an accumulating step
         self._bound: dict = {}               # (id(model io), (shape, dtype) per input) -> _Bound
         self.max_memory = max_memory    # bytes each step's arena may take; planning fails beyond it
         self.training = True
@@ -297,7 +299,8 @@ class Module:
             outputs = [v.name for v in io.graph.outputs]
             if io is self._train:
                 outputs += [out for out, _ in self._stats]
-            plan = make_plan(io.graph, types, outputs, external=external, max_memory=self.max_memory)
+            plan = make_plan(io.graph, types, outputs, external=external, max_memory=self.max_memory,
+                             direct_gradients=io is self._train)
             if self._arena is None or self._arena.nbytes < plan.arena_bytes:
                 # programs made before keep the smaller arena they were bound to; first plans are usually
                 # the largest batch, so later shapes (a last partial batch, eval) fit in it
@@ -311,8 +314,9 @@ class Module:
         names = prog.plan.spec.output_names
         named = dict(zip(names, prog.outputs))
         stats = [(named[out], self._store.frozen[param]) for out, param in self._stats] if io is self._train else []
+        held = [(prog.values[b], b[: -len(BUFFER)]) for b in prog.plan.direct_gradients]
         return _Bound(prog, [io.user_inputs.index(n) for n in prog.plan.fed_inputs],
-                      [k for k, name in enumerate(names) if name in io.outputs], stats)
+                      [k for k, name in enumerate(names) if name in io.outputs], stats, held)
 
     def __call__(self, *user_inputs):
         io = self._io()
@@ -324,7 +328,16 @@ class Module:
         bound = self._bound.get(key)
         if bound is None:
             bound = self._bound[key] = self._bind(io, user_inputs)
+        accumulate = io is self._train and not self._reset[0]
+        if accumulate:       # the program overwrites these buffers with this step's gradient: keep the sums aside
+            if self._kept is None:
+                self._kept = np.empty_like(self._store.grads)
+            for buffer, param in bound.held:
+                np.copyto(self._store._view(self._kept, param), buffer)
         outs = bound.program.run([user_inputs[k] for k in bound.feed_order])
+        if accumulate:
+            for buffer, param in bound.held:
+                np.add(buffer, self._store._view(self._kept, param), out=buffer)
         if io is self._train:
             self._reset[0] = False
             self._store.has_gradients = True

@@ -6,6 +6,7 @@ import pytest
 from edgetrain import checkpoint
 from edgetrain.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 from edgetrain.errors import EdgetrainError, InputError
+from edgetrain.ir import TensorType
 
 
 def _mlp(shared, eval_model=True):
@@ -295,3 +296,42 @@ def test_train_and_eval_programs_of_every_shape_share_one_arena(shared):
         assert len(module._programs) == 4 and len(arenas) == (1 if share else 4)
         losses.append(run)
     assert losses[0] == losses[1]
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer"])
+def test_gradients_go_straight_into_the_state(shared, name):
+    """Training programs write gradients into their accumulation buffers (no InPlaceAccumulatorV2 copy, no arena
+    slot) where a kernel computes them; the gradients equal the literal graph's, with and without accumulation."""
+    from edgetrain.plan import make_plan
+    from edgetrain.runtime import Program
+
+    art = shared / "ort_artifacts" / name
+    module = Module(art / "training_model.onnx", CheckpointState.load_checkpoint(art / "checkpoint"))
+    graph, rng = module._train.graph, np.random.default_rng(1)
+    feeds = {}
+    for v in graph.inputs[:2]:
+        shape = tuple(d if isinstance(d, int) else 8 for d in v.type.shape)
+        high = 100 if name == "transformer" and v.name == "input" else (4 if name == "transformer" else 10)
+        feeds[v.name] = (rng.integers(0, high, shape) if v.type.dtype == np.int64 else
+                         rng.standard_normal(shape)).astype(v.type.dtype)
+    x, y = (feeds[n] for n in module.input_names())
+    module(x, y)
+    module(x, y)                               # accumulates: the program overwrites, the module adds back
+    (bound,) = module._bound.values()
+    plan = bound.program.plan
+    largest = max(module._store.names, key=lambda p: module._store.grad(p).size)
+    assert f"{largest}_grad.accumulation.buffer" in plan.direct_gradients     # (bias gradients come via a view)
+    left = sum(b.node.op_type == "InPlaceAccumulatorV2" for s in plan.steps for b in s.nodes)
+    assert left == len(module._store.names) - len(plan.direct_gradients)
+
+    literal = {f"{p}_grad.accumulation.buffer": np.zeros_like(module._store.grad(p)) for p in module._store.names}
+    external = module._external(module._train) | literal
+    external["lazy_reset_grad"] = np.ones(1, bool)
+    types = {v.name: TensorType(external[v.name].dtype, external[v.name].shape) if v.name in external else
+             TensorType(feeds[v.name].dtype, feeds[v.name].shape) for v in graph.inputs}
+    ref = make_plan(graph, types, [v.name for v in graph.outputs], external=external)
+    assert ref.arena_bytes > plan.arena_bytes
+    Program(ref, external).run([feeds[n] for n in ref.fed_inputs])
+    for p in module._store.names:
+        np.testing.assert_allclose(module._store.grad(p), 2 * literal[f"{p}_grad.accumulation.buffer"],
+                                   rtol=1e-5, atol=1e-6, err_msg=p)

@@ -73,7 +73,7 @@ def test_kernel_breakdown_covers_every_call(mlp):
         assert set(r.by_op) == {k.label for k in r.kernel_times}
     train = mlp.reports[0]
     assert any("FusedMatMul" in k.label for k in train.kernel_times)
-    assert "GradientAccumulator1" in {n for k in train.kernel_times for n in k.nodes}
+    assert "/Relu_Grad/ReluGrad_0" in {n for k in train.kernel_times for n in k.nodes}
 
 
 @pytest.mark.native
@@ -95,11 +95,12 @@ def test_steady_steps_do_not_grow(shared, mlp):
 
 @pytest.mark.native
 def test_the_figures_see_a_step_that_leaks(digits_artifacts, monkeypatch):
-    """The growth figures can fail: a module call that keeps 256 kB shows on the Python heap and in memory."""
+    """The growth figures can fail: a module call that keeps 2 MB shows on the Python heap and in memory (2 MB:
+    smaller leaks may land in heap memory freed earlier and already resident, which RSS cannot see)."""
     from edgetrain.api import Module
     kept = []
     real = Module.__call__
-    leak = 1 << 18
+    leak = 1 << 21
 
     def leaky(self, *inputs):
         kept.append(np.ones(leak // 4, np.float32))
@@ -152,7 +153,8 @@ def test_budget_below_the_need_fails_before_any_step_naming_need_and_tensors(sha
         profile_artifacts(folder, batch_size=64, steps=2, max_memory=train.arena_bytes - 1)
     text = str(e.value)
     assert "training_model.onnx" in text and f"needs an arena of {train.arena_bytes} bytes" in text
-    assert "'fc1.weight_grad' float[256,784]" in text      # the largest tensor alive at the training peak
+    # the largest tensor alive at the training peak (gradients go straight to the state store, not the arena)
+    assert "'input' float[64,784]" in text
     with pytest.raises(MemoryBudgetError, match=f"need {mlp.planned_bytes} bytes"):
         profile_artifacts(folder, batch_size=64, steps=2, max_memory=mlp.planned_bytes - 1)
     exact = profile_artifacts(folder, batch_size=64, steps=2, max_memory=mlp.planned_bytes)

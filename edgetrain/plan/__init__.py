@@ -16,6 +16,7 @@ from .. import config
 from ..errors import EdgetrainError, MemoryBudgetError
 from ..ir import Graph, TensorType
 from .fusion import Step, fuse
+from .gradients import direct_gradients as direct_gradients_into
 from .lower import lower
 from .memory import Buffer, MemoryPlan, live_at_peak, plan_memory
 from .specialize import Specialized, specialize
@@ -27,6 +28,7 @@ class Plan:
     steps: list[Step]
     memory: MemoryPlan
     external: frozenset[str] = frozenset()   # inputs bound to arrays outside the arena
+    direct_gradients: tuple[str, ...] = ()   # external buffers their gradient's producer writes (gradients.py)
 
     @property
     def fed_inputs(self) -> list[str]:
@@ -98,19 +100,23 @@ def _over_budget(name: str, plan: Plan, max_memory: int) -> str:
 
 def make_plan(graph: Graph, input_types: dict[str, TensorType], output_names: list[str],
               consts: dict[str, np.ndarray] | None = None, max_memory: int | None = None,
-              external=()) -> Plan:
+              external=(), direct_gradients: bool = False) -> Plan:
     """``external``: inputs that a caller binds to persistent arrays (parameters, gradient buffers), which
-    kernels may update in place; they take no arena bytes and are not copied per run."""
+    kernels may update in place; they take no arena bytes and are not copied per run.
+    ``direct_gradients``: gradients go straight into their external accumulation buffers
+    (listed in ``Plan.direct_gradients``); the caller then handles accumulation without reset."""
     external = frozenset(external)
     unknown = external - set(input_types)
     if unknown:
         raise EdgetrainError(f"external inputs {sorted(unknown)} are not inputs of graph '{graph.name}'")
     spec = lower(specialize(graph, input_types, output_names, consts))
+    redirected = direct_gradients_into(spec, external) if direct_gradients else []
+    spec.output_names += redirected        # written by the program: fusion must materialize them
     steps = fuse(spec, enabled=config.fusion_enabled())
     workspaces = {s: step.nodes[0].op.workspace(step.nodes[0].ctx) for s, step in enumerate(steps)
                   if step.kind == "kernel" and step.nodes[0].op.workspace is not None}
     memory = plan_memory(spec, steps, workspaces, reuse=config.planner_enabled(), external=external)
-    plan = Plan(spec, steps, memory, external)
+    plan = Plan(spec, steps, memory, external, tuple(redirected))
     if max_memory is not None and plan.arena_bytes > max_memory:
         raise MemoryBudgetError(_over_budget(graph.name, plan, max_memory))
     if config.debug():

@@ -83,7 +83,7 @@ def plan_memory(spec: Specialized, steps: list[Step], workspace_types: dict[int,
             continue
         claimed: set[int] = set()
         for out in step.outputs:
-            if not out or out in spec.consts:
+            if not out or out in spec.consts or out in external:    # external: written where it is bound
                 continue
             t = spec.types[out]
             b = _reusable_input(spec, step, s, t, value_buffer, buffers, claimed) if (
