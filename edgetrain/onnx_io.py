@@ -179,3 +179,12 @@ def from_graph(graph: Graph, producer: str = "edgetrain", ir_version: int = 8) -
                                [_value_info(v) for v in graph.outputs], inits, value_info=value_info)
     opsets = [onnx.helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]
     return onnx.helper.make_model(g, opset_imports=opsets, producer_name=producer, ir_version=ir_version)
+
+
+def schema_since_version(op_type: str, opset: int, domain: str = "") -> int | None:
+    """The version of ``op_type``'s ONNX schema in force at ``opset`` (None: ONNX does not define it)."""
+    import onnx.defs
+    try:
+        return int(onnx.defs.get_schema(op_type, opset, domain).since_version)
+    except onnx.defs.SchemaError:
+        return None

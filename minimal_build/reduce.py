@@ -195,13 +195,12 @@ def since_version(op: OpDef, domain: str, opset: int) -> int:
     """The since-version of ``op`` at ``opset``: from ONNX's schemas where they define it, else the op table's."""
     if domain in ("", "ai.onnx", "ai.onnx.ml"):
         try:
-            import onnx.defs
+            from ..onnx_io import schema_since_version
         except ImportError:
             return op.since
-        try:
-            return int(onnx.defs.get_schema(op.op_type, opset, domain if domain != "ai.onnx" else "").since_version)
-        except onnx.defs.SchemaError:
-            pass
+        since = schema_since_version(op.op_type, opset, "" if domain == "ai.onnx" else domain)
+        if since is not None:
+            return since
     return op.since
 
 
