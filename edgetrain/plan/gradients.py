@@ -23,7 +23,8 @@ def direct_gradients(spec: Specialized, external: frozenset[str]) -> list[str]:
     """Rewrite ``spec`` in place; returns the buffers now written by their gradient's producer.
 
     An accumulator is left as it is unless its buffer is external, its gradient comes from a node (not an
-    input, a constant or a view) of the buffer's type and nothing else reads the gradient or its updated copy.
+    input, a constant or a view, though same-type views in between are skipped and dropped) of the buffer's
+    type, and nothing else reads the gradient, those views or the accumulator's updated copy.
     """
     uses: dict[str, int] = {}
     for b in spec.nodes:
@@ -39,9 +40,15 @@ def direct_gradients(spec: Specialized, external: frozenset[str]) -> list[str]:
             continue
         buffer, grad = node.inputs[0], node.inputs[1]
         updated = node.outputs[1] if len(node.outputs) > 1 else ""
+        if buffer not in external or (updated and uses.get(updated)) or spec.types.get(grad) != spec.types[buffer]:
+            continue
+        views = []          # Identity-like views between the gradient's kernel and the accumulator go too
+        while (grad in producer and spec.nodes[producer[grad]].op.kind == "alias" and uses.get(grad) == 1
+               and spec.types.get(spec.nodes[producer[grad]].node.inputs[0]) == spec.types[buffer]):
+            views.append(producer[grad])
+            grad = spec.nodes[producer[grad]].node.inputs[0]
         p = producer.get(grad)
-        if (buffer not in external or p is None or uses.get(grad) != 1 or (updated and uses.get(updated))
-                or spec.nodes[p].op.kind == "alias" or spec.types[grad] != spec.types[buffer]):
+        if p is None or uses.get(grad) != 1 or spec.nodes[p].op.kind == "alias":
             continue
         source = spec.nodes[p]
         renamed = dataclasses.replace(source.node, outputs=[buffer if o == grad else o for o in source.node.outputs])
@@ -49,7 +56,7 @@ def direct_gradients(spec: Specialized, external: frozenset[str]) -> list[str]:
         done = node.outputs[0]
         if done:
             spec.consts[done] = np.ones(spec.types[done].shape, spec.types[done].dtype)
-        dropped.add(k)
+        dropped.update([k, *views])
         redirected.append(buffer)
     spec.nodes = [b for k, b in enumerate(spec.nodes) if k not in dropped]
     return redirected
