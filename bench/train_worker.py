@@ -46,14 +46,18 @@ def edgetrain_system(source: str, x, y):
     state = CheckpointState.load_checkpoint(os.path.join(source, "checkpoint"))
     module = Module(os.path.join(source, "training_model.onnx"), state)
     optimizer = Optimizer(os.path.join(source, "optimizer_model.onnx"), module)
+    return training_step(module, optimizer, x, y), (module, optimizer)
 
+
+def training_step(module, optimizer, x, y):
+    """ANCHORS.md's step, for edgetrain's and ORT's API alike (same method names)."""
     def step():
         module.train()
         loss = module(x, y)
         optimizer.step()
         module.lazy_reset_grad()
         return loss
-    return step, (module, optimizer)
+    return step
 
 
 def ort_system(source: str, x, y):
@@ -70,14 +74,7 @@ def ort_system(source: str, x, y):
     state = api.CheckpointState.load_checkpoint(os.path.join(source, "checkpoint"))
     module = api.Module(os.path.join(source, "training_model.onnx"), state, None, "cpu", session_options=options)
     optimizer = api.Optimizer(os.path.join(source, "optimizer_model.onnx"), module)
-
-    def step():
-        module.train()
-        loss = module(x, y)
-        optimizer.step()
-        module.lazy_reset_grad()
-        return loss
-    return step, None
+    return training_step(module, optimizer, x, y), None
 
 
 def torch_model(name: str):
