@@ -140,3 +140,27 @@ def run(snippet: str, args: dict | None = None, arrays: dict[str, np.ndarray] | 
 
 if __name__ == "__main__":   # python tests/ort119.py: build or check the venv, print ORT's version
     print(run("OUT['version'] = ort.__version__; OUT['torch'] = 'torch' in sys.modules")["version"])
+
+
+_RUN_MODELS = '''
+so = ort.SessionOptions()
+so.intra_op_num_threads = 1
+for k, m in enumerate(ARGS["models"]):
+    feeds = {n: ARRAYS[f"{k}/{n}"] for n in ARGS["feeds"][k]}
+    sess = ort.InferenceSession(ARRAYS[m].tobytes(), so, providers=["CPUExecutionProvider"])
+    for j, o in enumerate(sess.run(None, feeds)):
+        OUT[f"{k}/{j}"] = o
+'''
+
+
+def run_models(models_and_feeds) -> list[list[np.ndarray]]:
+    """Outputs of each (ModelProto, feeds) under onnxruntime-training 1.19.2, one process for all."""
+    arrays, names, feeds = {}, [], []
+    for k, (m, f) in enumerate(models_and_feeds):
+        arrays[f"model{k}"] = np.frombuffer(m.SerializeToString(), np.uint8)
+        arrays.update({f"{k}/{n}": v for n, v in f.items()})
+        names.append(f"model{k}")
+        feeds.append(list(f))
+    out = run(_RUN_MODELS, {"models": names, "feeds": feeds}, arrays)
+    return [[out[f"{k}/{j}"] for j in range(sum(key.startswith(f"{k}/") for key in out))]
+            for k in range(len(models_and_feeds))]

@@ -375,37 +375,8 @@ def test_dot_product_mobilenet_bench_shapes(dtype, act, eps):
     check_directional(nodes, params, ["out"], [TensorType(dtype, (16, 64, 1, 1))], consts=consts, eps=eps)
 
 
-ORT_SNIPPET = '''
-so = ort.SessionOptions()
-so.intra_op_num_threads = 1
-for k, m in enumerate(ARGS["models"]):
-    feeds = {n: ARRAYS[f"{k}/{n}"] for n in ARGS["feeds"][k]}
-    sess = ort.InferenceSession(ARRAYS[m].tobytes(), so, providers=["CPUExecutionProvider"])
-    for j, o in enumerate(sess.run(None, feeds)):
-        OUT[f"{k}/{j}"] = o
-'''
-
-
-def run_ort119(models_and_feeds):
-    """Outputs of each (model, feeds) under onnxruntime-training 1.19.2 (its own venv, tests/ort119.py)."""
-    ort119 = pytest.importorskip("ort119")
-    try:
-        ort119.ensure()
-    except ort119.Unavailable as e:
-        pytest.skip(f"ORT 1.19.2 interop: {e}")
-    arrays, names, feeds = {}, [], []
-    for k, (m, f) in enumerate(models_and_feeds):
-        arrays[f"model{k}"] = np.frombuffer(m.SerializeToString(), np.uint8)
-        arrays.update({f"{k}/{n}": v for n, v in f.items()})
-        names.append(f"model{k}")
-        feeds.append(list(f))
-    out = ort119.run(ORT_SNIPPET, {"models": names, "feeds": feeds}, arrays)
-    return [[out[f"{k}/{j}"] for j in range(sum(key.startswith(f"{k}/") for key in out))]
-            for k in range(len(models_and_feeds))]
-
-
 @pytest.mark.ort119
-def test_conv_grad_runs_in_onnxruntime_119():
+def test_conv_grad_runs_in_onnxruntime_119(ort):
     """onnxruntime-training 1.19.2 runs the ConvGrad nodes edgetrain emits and agrees with our kernel."""
     cases = []
     for case in ["gemm_all", "grouped_all", "direct_all", "pointwise_all", "gemm_dw_db", "1d_gemm_all"]:
@@ -415,7 +386,7 @@ def test_conv_grad_runs_in_onnxruntime_119():
         w = rng.standard_normal(w_shape).astype(np.float32)
         dy = rng.standard_normal(_conv_out_shape(x_shape, w_shape, attrs)).astype(np.float32)
         cases.append((_conv_grad_model(x, w, dy, attrs, want, np.float32), {"dY": dy, "X": x, "W": w}))
-    for (m, feeds), theirs in zip(cases, run_ort119(cases)):
+    for (m, feeds), theirs in zip(cases, ort.run_models(cases)):
         ours = run_edgetrain(m, feeds)
         assert len(ours) == len(theirs)
         for a, b in zip(ours, theirs):

@@ -431,12 +431,11 @@ def test_dot_product_pools_bench_shapes(dtype, eps):
 
 
 @pytest.mark.ort119
-def test_pool_grads_run_in_onnxruntime_119():
+def test_pool_grads_run_in_onnxruntime_119(ort):
     """onnxruntime-training 1.19.2 runs MaxPoolGrad and AveragePoolGrad as the rules emit them (ai.onnx
     domain, the forward attributes plus input_spatial_shape) once dX's shape is in the graph's value_info,
     which its kernels read dX's shape from (without it, 1.19.2 crashes)."""
     from onnx import TensorProto
-    from test_conv import run_ort119
     cases = []
     for shape, attrs in [((2, 3, 7, 9), dict(kernel_shape=[2, 2], strides=[2, 2])),
                          ((2, 3, 8, 8), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
@@ -455,5 +454,5 @@ def test_pool_grads_run_in_onnxruntime_119():
             del m.graph.output[:]
             m.graph.output.append(helper.make_tensor_value_info("dX", TensorProto.FLOAT, shape))
             cases.append((m, feeds))
-    for (m, feeds), theirs in zip(cases, run_ort119(cases)):
+    for (m, feeds), theirs in zip(cases, ort.run_models(cases)):
         np.testing.assert_allclose(run_edgetrain(m, feeds)[0], theirs[0], rtol=1e-6, atol=1e-7)
