@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import compact
 from .errors import InputError
 
 
@@ -85,7 +86,7 @@ def evaluate(module, arrays: Sequence[np.ndarray], batch_size: int) -> float:
 
 
 MODEL_FILES = ("training_model", "eval_model", "optimizer_model")
-MODEL_SUFFIXES = (".onnx", ".etm")
+MODEL_SUFFIXES = (".onnx", compact.SUFFIX)
 
 
 def artifact_files(folder) -> dict[str, Path | None]:

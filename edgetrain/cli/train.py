@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-RUN_PROPERTIES = ("edgetrain.epoch", "edgetrain.step_in_epoch", "edgetrain.seed")
+# checkpoint properties a run saves, so --resume knows where it stopped and which batch order it used
+EPOCH, STEP, SEED = RUN_PROPERTIES = ("edgetrain.epoch", "edgetrain.step_in_epoch", "edgetrain.seed")
 
 
 def add_arguments(p):
@@ -63,9 +64,8 @@ def run(args) -> int:
     n = arrays[0].shape[0] if arrays and arrays[0].ndim else 0
     steps_per_epoch = -(-n // args.batch_size) if args.batch_size > 0 else 0
     props = state.properties
-    epoch0 = int(props["edgetrain.epoch"]) if args.resume and "edgetrain.epoch" in props else 0
-    skip = int(props["edgetrain.step_in_epoch"]) if args.resume and "edgetrain.step_in_epoch" in props else 0
-    seed = int(props["edgetrain.seed"]) if args.resume and "edgetrain.seed" in props else args.seed
+    resumed = {k: int(props[k]) for k in RUN_PROPERTIES if args.resume and k in props}
+    epoch0, skip, seed = resumed.get(EPOCH, 0), resumed.get(STEP, 0), resumed.get(SEED, args.seed)
     scheduler = None
     if args.schedule == "linear":
         scheduler = LinearLRScheduler(optimizer, args.warmup_steps, args.epochs * steps_per_epoch, args.lr)
@@ -74,7 +74,7 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     def save(epoch: int, step: int) -> None:
-        props["edgetrain.epoch"], props["edgetrain.step_in_epoch"], props["edgetrain.seed"] = epoch, step, seed
+        props[EPOCH], props[STEP], props[SEED] = epoch, step, seed
         CheckpointState.save_checkpoint(state, saved, include_optimizer_state=True)
 
     progress = Progress(args.epochs, enabled=not args.no_progress)
