@@ -11,6 +11,7 @@ import numpy as np
 
 from . import checkpoint as ckpt_io
 from .errors import EdgetrainError, InputError
+from .ops import node_attr
 from .ir import Graph, TensorType
 from .plan import make_plan
 from .runtime import Program
@@ -179,9 +180,7 @@ def _running_stats(graph: Graph) -> list[tuple[str, str]]:
     """(updated running statistic output, frozen parameter it replaces) for training-mode batch norms."""
     pairs = []
     for n in graph.nodes:
-        training = n.op_type == "BatchNormInternal" or (n.op_type == "BatchNormalization"
-                                                       and n.attrs.get("training_mode", 0))
-        if training:
+        if n.op_type in ("BatchNormalization", "BatchNormInternal") and node_attr(n, "training_mode"):
             for out, src in zip(n.outputs[1:3], n.inputs[3:5]):
                 if out:
                     pairs.append((out, src))

@@ -33,9 +33,10 @@ import struct
 import numpy as np
 
 from . import atomic
-from .errors import EdgetrainError, GraphError, ModelLoadError
+from .errors import AttributeValueError, EdgetrainError, GraphError, ModelLoadError
 from .ir import Graph, Node, SequenceType, TensorType, Value
 from .ir.dtypes import ONNX_TO_NUMPY
+from .ops import check_attributes
 
 MAGIC = b"EDGETRN\x01"
 SUFFIX = ".etm"
@@ -256,8 +257,8 @@ def loads(data: bytes | bytearray | memoryview, name: str = "<bytes>") -> Graph:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ModelLoadError(f"{where}: malformed header ({type(e).__name__}: {e})") from None
     try:
-        return graph.verify()
-    except GraphError as e:
+        return check_attributes(graph.verify())
+    except (GraphError, AttributeValueError) as e:
         raise ModelLoadError(f"{where}: {e}") from None
 
 

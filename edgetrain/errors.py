@@ -27,3 +27,7 @@ class InputError(EdgetrainError):
 
 class MemoryBudgetError(EdgetrainError):
     """The planned arena does not fit the memory budget."""
+
+
+class AttributeValueError(ShapeError):
+    """A node's attribute is unknown to its op, of the wrong type, out of range, or not finite."""

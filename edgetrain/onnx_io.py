@@ -12,6 +12,7 @@ from onnx.external_data_helper import load_external_data_for_model, uses_externa
 from .errors import ModelLoadError, UnsupportedOpError
 from .ir import Graph, Node, SequenceType, TensorType, Value
 from .ir.dtypes import to_numpy, to_onnx
+from .ops import check_attributes
 
 SUPPORTED_ONNX_OPSETS = range(13, 22)
 MS_DOMAIN = "com.microsoft"
@@ -122,7 +123,7 @@ def to_graph(model) -> Graph:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in _KNOWN_ELEM_TYPES:
             value_types[vi.name] = _tensor_type(vi, "value")
     graph = Graph(nodes, inputs, outputs, initializers, opsets, value_types, g.name or "graph")
-    return graph.verify()
+    return check_attributes(graph.verify())
 
 
 _KNOWN_ELEM_TYPES = {1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13}

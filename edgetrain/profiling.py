@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import EdgetrainError, InputError, MemoryBudgetError
+from .ops import node_attr
 
 KINDS = ("train", "eval", "optimizer")
 WARMUP = 3            # cycles before measuring: compiles, first touch of arena pages
@@ -162,7 +163,7 @@ def _index_bound(graph, types: dict, name: str) -> int | None:
                 bounds.append(scores[1] if len(scores) > 1 else scores[0])
             elif op == "Gather" and len(node.inputs) > 1 and node.inputs[1] == v and node.inputs[0] in types:
                 data = types[node.inputs[0]].shape
-                bounds.append(data[node.attrs.get("axis", 0) % len(data)])
+                bounds.append(data[node_attr(node, "axis") % len(data)])
     return min(bounds) if bounds else None
 
 

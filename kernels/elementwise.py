@@ -1,8 +1,9 @@
 """Scalar forms of the element-wise ops, inlined by the fuser into generated loops.
 
 Each entry maps an op name to ``template(args, k) -> str``: ``args`` are the scalar expressions of the
-inputs, ``k`` gives the compute type ``k.T`` (e.g. ``np.float32``), ``k.is_int`` and ``k.attr(name, default)``.
-Constants go through ``k.T(...)`` so float32 math stays float32.
+inputs, ``k`` gives the compute type ``k.T`` (e.g. ``np.float32``), ``k.is_int``, ``k.attr(name)`` (an attribute's
+value, to choose a form) and ``k.const(name)`` (the attribute as a typed literal: the only way an attribute
+enters the source). Constants go through ``k.T(...)`` so float32 math stays float32.
 """
 import math  # noqa: F401  (used by the generated source)
 
@@ -14,7 +15,7 @@ def _div(a, k):
 
 
 def _mod(a, k):
-    if not k.attr("fmod", 0):
+    if not k.attr("fmod"):
         return f"{a[0]} % {a[1]}"   # Python's %: the result takes the divisor's sign, like np.mod
     if k.is_int:                    # Numba's np.fmod is wrong for integer scalars; a - b * trunc(a / b)
         return f"({a[0]} - {a[1]} * _trunc_div({a[0]}, {a[1]}))"
@@ -30,8 +31,8 @@ def _clip(a, k):
     return x
 
 
-def _elu(x, alpha, k):
-    return f"({x} if {x} > 0 else {k.T}({alpha}) * math.expm1({x}))"
+def _elu(x, k):
+    return f"({x} if {x} > 0 else {k.const('alpha')} * math.expm1({x}))"
 
 
 def _extremum(fn):
@@ -58,7 +59,7 @@ SCALAR = {
     "Clip": _clip,
     "Cos": lambda a, k: f"math.cos({a[0]})",
     "Div": _div,
-    "Elu": lambda a, k: _elu(a[0], k.attr("alpha", 1.0), k),
+    "Elu": lambda a, k: _elu(a[0], k),
     "Equal": lambda a, k: f"{a[0]} == {a[1]}",
     "Erf": lambda a, k: _erf(k, a[0]),
     "Exp": lambda a, k: f"math.exp({a[0]})",
@@ -67,10 +68,9 @@ SCALAR = {
     "Greater": lambda a, k: f"{a[0]} > {a[1]}",
     "GreaterOrEqual": lambda a, k: f"{a[0]} >= {a[1]}",
     # Python's max/min return their first argument when a comparison is false: x first keeps NaN NaN
-    "HardSigmoid": lambda a, k: (f"max(min({k.T}({k.attr('alpha', 0.2)}) * {a[0]} + "
-                                 f"{k.T}({k.attr('beta', 0.5)}), {k.T}(1.0)), {k.T}(0.0))"),
+    "HardSigmoid": lambda a, k: f"max(min({k.const('alpha')} * {a[0]} + {k.const('beta')}, {k.T}(1.0)), {k.T}(0.0))",
     "HardSwish": lambda a, k: f"{a[0]} * max(min({a[0]} / {k.T}(6.0) + {k.T}(0.5), {k.T}(1.0)), {k.T}(0.0))",
-    "LeakyRelu": lambda a, k: f"({a[0]} if {a[0]} >= 0 else {k.T}({k.attr('alpha', 0.01)}) * {a[0]})",
+    "LeakyRelu": lambda a, k: f"({a[0]} if {a[0]} >= 0 else {k.const('alpha')} * {a[0]})",
     "Less": lambda a, k: f"{a[0]} < {a[1]}",
     "LessOrEqual": lambda a, k: f"{a[0]} <= {a[1]}",
     "Log": lambda a, k: f"math.log({a[0]})",
@@ -86,9 +86,8 @@ SCALAR = {
     "Pow": lambda a, k: f"{k.T}({a[0]} ** {a[1]})",   # float32 ** int64 would otherwise widen to float64
     "Reciprocal": lambda a, k: f"{k.T}(1.0) / {a[0]}",
     "Relu": lambda a, k: f"({k.T}(0) if {a[0]} < 0 else {a[0]})",   # NaN stays NaN, as np.maximum(x, 0)
-    "Scale": lambda a, k: f"{a[0]} {'/' if k.attr('scale_down', 0) else '*'} {k.T}({a[1]})",
-    "Selu": lambda a, k: (f"{k.T}({k.attr('gamma', 1.05070102214813232421875)}) * "
-                          + _elu(a[0], k.attr("alpha", 1.67326319217681884765625), k)),
+    "Scale": lambda a, k: f"{a[0]} {'/' if k.attr('scale_down') else '*'} {k.T}({a[1]})",
+    "Selu": lambda a, k: f"{k.const('gamma')} * " + _elu(a[0], k),
     "Sigmoid": _sigmoid,
     # 0 and NaN map to themselves
     "Sign": lambda a, k: f"({k.T}(1) if {a[0]} > 0 else ({k.T}(-1) if {a[0]} < 0 else {a[0]}))",
@@ -106,7 +105,7 @@ SCALAR = {
 SCALAR.update({
     "GeluGrad": lambda a, k: (f"{a[0]} * ({k.T}(0.5) * ({k.T}(1.0) + {_erf(k, f'{a[1]} * {k.T}(0.7071067811865476)')})"
                               f" + {a[1]} * {k.T}(0.3989422804014327) * math.exp(max({k.T}(-0.5) * {a[1]} * {a[1]}, {k.T}(-80.0))))"),
-    "LeakyReluGrad": lambda a, k: f"({a[0]} if {a[1]} > 0 else {k.T}({k.attr('alpha', 0.01)}) * {a[0]})",
+    "LeakyReluGrad": lambda a, k: f"({a[0]} if {a[1]} > 0 else {k.const('alpha')} * {a[0]})",
     "ReluGrad": lambda a, k: f"({a[0]} if {a[1]} > 0 else {k.T}(0))",
     "SigmoidGrad": lambda a, k: f"{a[0]} * {a[1]} * ({k.T}(1.0) - {a[1]})",
     "TanhGrad": lambda a, k: f"{a[0]} * ({k.T}(1.0) - {a[1]} * {a[1]})",

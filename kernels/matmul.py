@@ -26,8 +26,8 @@ def matmul(ctx):
 
 
 def fused_matmul(ctx):
-    trans_a, trans_b = ctx.attr("transA", 0), ctx.attr("transB", 0)
-    alpha = float(ctx.attr("alpha", 1.0))
+    trans_a, trans_b = ctx.attr("transA"), ctx.attr("transB")
+    alpha = ctx.attr("alpha")
     flatten = _flattens(ctx, trans_a)
     k = ctx.shape(0)[-1]
 

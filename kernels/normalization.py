@@ -228,8 +228,8 @@ def batch_norm(ctx):
     biased variance, and running = input * momentum + batch * (1 - momentum). Also BatchNormInternal, whose
     outputs 3 and 4 are the batch mean and 1 / sqrt(batch var + eps)."""
     n, c, inner = _ncx(ctx.shape(0))
-    eps = float(ctx.attr("epsilon", 1e-5))
-    momentum = float(ctx.attr("momentum", 0.9))
+    eps = ctx.attr("epsilon")
+    momentum = ctx.attr("momentum")
     training = bn_training_mode(ctx)
     dummy = np.empty(c, ctx.type(3).dtype)
     if n * c * inner == 0:
@@ -263,7 +263,7 @@ def layer_norm(ctx):
     axis = layer_norm_axis(ctx)
     rows = int(np.prod(shape[:axis], dtype=np.int64))
     n = int(np.prod(shape[axis:], dtype=np.int64))
-    eps = float(ctx.attr("epsilon", 1e-5))
+    eps = ctx.attr("epsilon")
     has_bias = ctx.has_input(2)
     stash_dtype(ctx)
     if rows * n == 0:
@@ -288,9 +288,9 @@ def group_norm(ctx):
     """Per sample and group of C / num_groups channels: y = (x - mean) / sqrt(var + eps) * scale + bias,
     scale/bias indexed by group (opset 18-20) or by channel (opset 21)."""
     n, c, inner = _ncx(ctx.shape(0))
-    groups = int(ctx.attr("num_groups"))
+    groups = ctx.attr("num_groups")
     per_channel = group_norm_per_channel(ctx)
-    eps = float(ctx.attr("epsilon", 1e-5))
+    eps = ctx.attr("epsilon")
     if n * c * inner == 0:
         return _noop
 
@@ -304,7 +304,7 @@ def group_norm(ctx):
 def instance_norm(ctx):
     """Group normalization with one group per channel."""
     n, c, inner = _ncx(ctx.shape(0))
-    eps = float(ctx.attr("epsilon", 1e-5))
+    eps = ctx.attr("epsilon")
     if n * c * inner == 0:
         return _noop
 

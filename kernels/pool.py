@@ -207,7 +207,7 @@ def max_pool(ctx):
     sh, sw = win.strides
     dh, dw = win.dilations
     ph, pw = win.pads_begin
-    col_major = int(ctx.attr("storage_order", 0))
+    col_major = ctx.attr("storage_order")
     ranges = _col_ranges(x3[2], y3[2], sw, dw, pw, kw)
     no_idx = np.empty((1, 1, 1), np.int64)   # stands in for an absent Indices output (never written)
 
@@ -233,7 +233,7 @@ def average_pool(ctx):
     dh, dw = win.dilations
     ph, pw = win.pads_begin
     pe_h, pe_w = win.pads_end
-    include_pad = bool(ctx.attr("count_include_pad", 0))
+    include_pad = bool(ctx.attr("count_include_pad"))
     ranges = _col_ranges(x3[2], y3[2], sw, dw, pw, kw)
     rows = _tap_counts(x3[1], y3[1], kh, sh, dh, ph, pe_h, include_pad)
     cols = _tap_counts(x3[2], y3[2], kw, sw, dw, pw, pe_w, include_pad)
@@ -300,7 +300,7 @@ def max_pool_grad(ctx):
     """Launcher: ``run(dY, Indices, dX)``."""
     x = ctx.out(0).shape
     h, w = (x[2], x[3]) if len(x) == 4 else (1, x[2])
-    col_major = int(ctx.attr("storage_order", 0))
+    col_major = ctx.attr("storage_order")
     size = int(np.prod(x, dtype=np.int64))
 
     def run(dy, idx, dx):
@@ -321,7 +321,7 @@ def average_pool_grad(ctx):
     dh, dw = win.dilations
     ph, pw = win.pads_begin
     pe_h, pe_w = win.pads_end
-    include_pad = bool(ctx.attr("count_include_pad", 0))
+    include_pad = bool(ctx.attr("count_include_pad"))
     ranges = _col_ranges(x3[2], y3[2], sw, dw, pw, kw)
     counts = np.outer(_tap_counts(x3[1], y3[1], kh, sh, dh, ph, pe_h, include_pad),
                       _tap_counts(x3[2], y3[2], kw, sw, dw, pw, pe_w, include_pad))

@@ -183,7 +183,7 @@ def _sce_config(ctx, scores_input: int):
     """Scores viewed as [n, c, d]; reduction index; ignore_index as (has, value)."""
     shape = ctx.shape(scores_input)
     n, c, d = int(shape[0]), int(shape[1]), int(np.prod(shape[2:], dtype=np.int64))
-    ignore = ctx.attr("ignore_index", None)
+    ignore = ctx.attr("ignore_index")
     return n, c, d, REDUCTIONS.index(sce_reduction(ctx)), ignore is not None, int(ignore or 0)
 
 

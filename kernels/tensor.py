@@ -50,7 +50,7 @@ def expand(ctx):
 def gather(ctx):
     """Gather as rows of a [outer, size, inner] view; a bad index is reported, not wrapped."""
     data = ctx.shape(0)
-    axis = ctx.attr("axis", 0) % len(data)
+    axis = ctx.attr("axis") % len(data)
     size = data[axis]
     outer, inner = int(np.prod(data[:axis], dtype=np.int64)), int(np.prod(data[axis + 1:], dtype=np.int64))
     n = ctx.type(1).size
@@ -79,7 +79,7 @@ def _gather(x, idx, y):
 def gather_grad(ctx):
     """GatherGrad: zeros, then each dY row added at its index (repeated indices accumulate)."""
     data = tuple(int(d) for d in ctx.const(0, "shape").reshape(-1))
-    axis = ctx.attr("axis", 0) % len(data)
+    axis = ctx.attr("axis") % len(data)
     size = data[axis]
     outer, inner = int(np.prod(data[:axis], dtype=np.int64)), int(np.prod(data[axis + 1:], dtype=np.int64))
     n = ctx.type(1).size
@@ -129,7 +129,7 @@ def slice(ctx):  # noqa: A001 (named after the op)
 
 
 def split(ctx):
-    axis = ctx.attr("axis", 0) % len(ctx.shape(0))
+    axis = ctx.attr("axis") % len(ctx.shape(0))
     bounds = np.cumsum([0] + split_sizes(ctx))
     parts = [(builtins.slice(None),) * axis + (builtins.slice(int(a), int(b)),) for a, b in zip(bounds, bounds[1:])]
     n_in = len(ctx.node.inputs)
@@ -153,7 +153,7 @@ def pad(ctx):
     """Negative pads crop first; reflect / edge / wrap then fill each padded axis in turn from values
     already in ``y`` (numpy.pad's order), one slice copy per padded position, so nothing is allocated."""
     widths = pad_widths(ctx)
-    mode = ctx.attr("mode", "constant")
+    mode = ctx.attr("mode")
     shape = ctx.shape(0)
     src = tuple(builtins.slice(max(0, -a), d - max(0, -b)) for (a, b), d in zip(widths, shape))
     dst = tuple(builtins.slice(max(0, a), max(0, a) + s.stop - s.start) for (a, _), s in zip(widths, src))
@@ -187,7 +187,7 @@ def dropout(ctx):
     """Training-mode Dropout: mask = (U[0,1) >= ratio), y = x * mask / (1 - ratio)."""
     ratio = dropout_ratio(ctx)
     scale = 1.0 / (1.0 - ratio)
-    rng = np.random.default_rng(ctx.attr("seed", None))
+    rng = np.random.default_rng(ctx.attr("seed"))
     n_in = len(ctx.node.inputs)
     has_mask = len(ctx.node.outputs) > 1 and bool(ctx.node.outputs[1])
 
@@ -250,7 +250,7 @@ def resize(ctx):
     pad = RESIZE_RANK - len(ctx.shape(0))
     in4 = (1,) * pad + tuple(ctx.shape(0))
     out4 = (1,) * pad + tuple(ctx.out(0).shape)
-    linear = ctx.attr("mode", "nearest") == "linear"
+    linear = ctx.attr("mode") == "linear"
     n_in = len(ctx.node.inputs)
     (i0, _, _), (i1, _, _), (lo2, hi2, w2), (lo3, hi3, w3) = tables
 
@@ -300,7 +300,7 @@ def resize_grad(ctx):
     pad = RESIZE_RANK - len(fwd.shape(0))
     in4 = (1,) * pad + tuple(fwd.shape(0))
     out4 = (1,) * pad + tuple(ctx.shape(0))
-    linear = ctx.attr("mode", "nearest") == "linear"
+    linear = ctx.attr("mode") == "linear"
     n_in = len(ctx.node.inputs)
     (i0, _, _), (i1, _, _), (lo2, hi2, w2), (lo3, hi3, w3) = tables
 

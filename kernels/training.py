@@ -55,11 +55,11 @@ def adamw(ctx):
     correct_bias 1)."""
     n_in = len(ctx.node.inputs)
     dtype = ctx.type(2).dtype
-    alpha, beta = dtype.type(ctx.attr("alpha", 0.9)), dtype.type(ctx.attr("beta", 0.999))
+    alpha, beta = dtype.type(ctx.attr("alpha")), dtype.type(ctx.attr("beta"))
     # alpha, beta, 1 - alpha, 1 - beta, epsilon, weight decay, in the state's type (ORT: float arithmetic)
     consts = np.array([alpha, beta, dtype.type(1) - alpha, dtype.type(1) - beta,
-                       ctx.attr("epsilon", 1e-8), ctx.attr("weight_decay", 0.0)], dtype)
-    mode, correct_bias = int(ctx.attr("adam_mode", 0)), bool(int(ctx.attr("correct_bias", 1)))
+                       ctx.attr("epsilon"), ctx.attr("weight_decay")], dtype)
+    mode, correct_bias = ctx.attr("adam_mode"), bool(ctx.attr("correct_bias"))
     scratch = np.zeros(6, dtype)     # step-dependent scalars, rounded to the state's type (made once)
 
     def run(*args):
@@ -149,8 +149,8 @@ def sgd_momentum(ctx):
     """ai.edgetrain SGDOptimizer: torch.optim.SGD with momentum, Nesterov and weight decay (dampening 0)."""
     n_in = len(ctx.node.inputs)
     dtype = ctx.type(1).dtype
-    consts = np.array([ctx.attr("momentum", 0.0), ctx.attr("weight_decay", 0.0)], dtype)
-    nesterov = bool(int(ctx.attr("nesterov", 0)))
+    consts = np.array([ctx.attr("momentum"), ctx.attr("weight_decay")], dtype)
+    nesterov = bool(ctx.attr("nesterov"))
     scratch = np.zeros(1, dtype)
 
     def run(*args):
@@ -185,7 +185,7 @@ def clip_grad_norm(ctx):
     """com.microsoft InplaceClipGradNorm: g *= min(max_norm / (||g||_2 + 1e-6), 1), in place."""
     n_in = len(ctx.node.inputs)
     dtype = ctx.type(0).dtype
-    consts = np.array([ctx.attr("max_norm", 1.0), 1e-6], dtype)
+    consts = np.array([ctx.attr("max_norm"), 1e-6], dtype)
     scratch = np.zeros(2, dtype)
 
     def run(*args):

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..errors import UnsupportedOpError
 from ..ir import Graph, Node, TensorType, Value
-from ..ops import lookup
+from ..ops import OpDef, lookup
 from ..plan.specialize import specialize
 
 MS = "com.microsoft"
@@ -19,8 +19,9 @@ class GradContext:
     need a runtime shape use ``shape_of`` (a ``Shape`` node, folded when planning), never the probe sizes.
     """
 
-    def __init__(self, walk: "_Walk", node: Node, in_types, out_types, needs: list[bool], opset: int):
+    def __init__(self, walk: "_Walk", node: Node, op: OpDef, in_types, out_types, needs: list[bool], opset: int):
         self._walk = walk
+        self._op = op
         self.node = node
         self.in_types: list[TensorType | None] = in_types
         self.out_types: list[TensorType | None] = out_types
@@ -35,9 +36,9 @@ class GradContext:
     def y(self, i: int = 0) -> str:
         return self.node.outputs[i]
 
-    def attr(self, name: str, default=None):
-        v = self.node.attrs.get(name)
-        return default if v is None else v
+    def attr(self, name: str):
+        """Attribute ``name`` of the forward node, or the default its op declares."""
+        return self._op.attr(self.node, name)
 
     def error(self, msg: str):
         return UnsupportedOpError(f"{self.node} (opset {self.opset}): {msg}")
@@ -201,7 +202,7 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str]) -> tuple[list[Node],
         if op.vjp is None:
             raise UnsupportedOpError(f"{node} (opset {opset}) has no gradient rule, and its input(s) "
                                      f"{[i for i, n in zip(node.inputs, needs) if n]} need one")
-        ctx = GradContext(walk, node, [types.get(i) if i else None for i in node.inputs],
+        ctx = GradContext(walk, node, op, [types.get(i) if i else None for i in node.inputs],
                           [types.get(o) if o else None for o in node.outputs], needs, opset)
         dxs = list(op.vjp(ctx, dys))
         for i, (name, dx) in enumerate(zip(node.inputs, dxs + [None] * (len(node.inputs) - len(dxs)))):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import __version__, config
+from ..errors import AttributeValueError
 from ..plan.fusion import Step
 from ..plan.specialize import Specialized
 
@@ -32,15 +34,29 @@ SCRATCH = 256   # elements per scratch row: a chunk of the innermost loop, L1-re
 
 
 class _Scalar:
-    """What a scalar template sees: the compute type and the node's attributes."""
-    def __init__(self, dtype: np.dtype, attrs: dict):
+    """What a scalar template sees: the compute type and the node's (validated) attributes. Attribute values
+    enter the source only through ``const``, as literals formatted here from numbers."""
+    def __init__(self, dtype: np.dtype, ctx):
         self.T = f"np.{np.dtype(dtype).name}" if np.dtype(dtype) != np.bool_ else "np.bool_"
         self.is_int = np.issubdtype(dtype, np.integer)
-        self._attrs = attrs
+        self._ctx = ctx
 
-    def attr(self, name, default):
-        v = self._attrs.get(name)
-        return default if v is None else v
+    def attr(self, name: str):
+        """The attribute's value, for choosing a template's form (never pasted into the source)."""
+        return self._ctx.attr(name)
+
+    def const(self, name: str) -> str:
+        """The attribute as a literal of the compute type, e.g. ``np.float32(0.01)``."""
+        return f"{self.T}({number_literal(self._ctx.attr(name), f'{self._ctx.node} attribute {name!r}')})"
+
+
+def number_literal(value, what: str) -> str:
+    """Python source for a finite number: the only way a value taken from a model reaches generated code."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)) and math.isfinite(value):
+        return repr(float(value))
+    raise AttributeValueError(f"{what} must be a finite number to be compiled, got {type(value).__name__}")
 
 
 def collapse(out_shape: tuple[int, ...], in_shapes: list[tuple[int, ...]]):
@@ -87,7 +103,7 @@ def generate(step: Step, spec: Specialized, in_place: bool = False) -> FusedKern
     for n, b in enumerate(step.nodes):
         node, op = b.node, b.op
         t_in = op.type_input if op.type_input < len(node.inputs) else 0
-        k = _Scalar(b.ctx.in_types[t_in].dtype, node.attrs)
+        k = _Scalar(b.ctx.in_types[t_in].dtype, b.ctx)
         operands = [names[i] if i else None for i in node.inputs]
         expr = SCALAR[node.op_type](operands, k)
         names[node.outputs[0]] = f"t{n}"

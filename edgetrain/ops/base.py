@@ -14,8 +14,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..ir import Node, TensorType
 from ..ir.dtypes import FLOATS
-
-REQUIRED = object()
+from .attrs import REQUIRED, Attr, check_attrs
 
 ALL_NUMERIC = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
 ANY = ALL_NUMERIC + tuple(np.dtype(t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.uint16,
@@ -65,17 +64,36 @@ class OpDef:
     eval_form: Callable | None = None   # (Node, opset) -> Node: the node's form in an eval model, or None
     dtypes: tuple = FLOATS
     type_input: int | None = 0   # the input whose element type ``dtypes`` constrains (None: no input)
+    attrs: dict[str, Attr] = field(default_factory=dict)   # the attributes it accepts, with their defaults
     doc: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.domain, self.op_type)
 
+    def checked_attrs(self, node: Node) -> dict:
+        """``node``'s attributes validated against ``attrs`` and made canonical (``edgetrain.ops.attrs``)."""
+        return check_attrs(node, self.attrs)
+
+    def attr(self, node: Node, name: str):
+        """The value of attribute ``name`` of ``node`` (an instance of this op), or its declared default."""
+        spec = self.attrs.get(name)
+        if spec is None:
+            raise KeyError(f"{self.op_type} declares no attribute '{name}'")
+        value = node.attrs.get(name)
+        if value is None:
+            if spec.default is REQUIRED:
+                raise ShapeError(f"{node}: required attribute '{name}' is missing")
+            return spec.default
+        return value
+
 
 @dataclass
 class NodeContext:
-    """A node with the static types (and, where known, constant values) of its inputs and outputs."""
+    """A node of op ``op`` with the static types (and, where known, constant values) of its inputs and
+    outputs."""
     node: Node
+    op: OpDef
     opset: int
     in_types: list[TensorType | None]
     consts: list[np.ndarray | None]
@@ -89,13 +107,9 @@ class NodeContext:
         shapes = ", ".join(str(t) if t is not None else "-" for t in self.in_types)
         return ShapeError(f"{self.node} (opset {self.opset}): {msg}; input types: {shapes}")
 
-    def attr(self, name: str, default=REQUIRED):
-        value = self.node.attrs.get(name)
-        if value is None:
-            if default is REQUIRED:
-                raise self.error(f"required attribute '{name}' is missing")
-            return default
-        return value
+    def attr(self, name: str):
+        """Attribute ``name`` of the node, or the default its op declares."""
+        return self.op.attr(self.node, name)
 
     def has_input(self, i: int) -> bool:
         return i < len(self.node.inputs) and self.node.inputs[i] != ""

@@ -10,9 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import TensorType
+from .attrs import REQUIRED, Int, Ints, String
 from .base import NodeContext, OpDef
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+DIM = (0, 1 << 32)       # range of a window size, stride, dilation or pad (the shape rules check more)
+# the sliding-window attributes Conv, ConvGrad and the pools share
+WINDOW_ATTRS = {"auto_pad": String("NOTSET", AUTO_PADS), "dilations": Ints(low=DIM[0], high=DIM[1]),
+                "kernel_shape": Ints(low=DIM[0], high=DIM[1]), "pads": Ints(low=DIM[0], high=DIM[1]),
+                "strides": Ints(low=DIM[0], high=DIM[1])}
+CONV_ATTRS = WINDOW_ATTRS | {"group": Int(1, low=1, high=DIM[1])}
+POOL_ATTRS = WINDOW_ATTRS | {"kernel_shape": Ints(REQUIRED, low=DIM[0], high=DIM[1])}
 
 
 @dataclass(frozen=True)
@@ -34,7 +42,7 @@ class Window:
 
 
 def _ints(ctx: NodeContext, name: str, n: int, default: int) -> tuple[int, ...]:
-    value = ctx.attr(name, None)
+    value = ctx.attr(name)
     if value is None:
         return (default,) * n
     value = tuple(int(v) for v in value)
@@ -51,13 +59,10 @@ def _window_attrs(ctx: NodeContext, n: int):
         raise ctx.error(f"strides {list(strides)} must be positive")
     if any(d < 1 for d in dilations):
         raise ctx.error(f"dilations {list(dilations)} must be positive")
-    auto_pad = ctx.attr("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if auto_pad not in AUTO_PADS:
-        raise ctx.error(f"auto_pad '{auto_pad}' is not one of {', '.join(AUTO_PADS)}")
+    auto_pad = ctx.attr("auto_pad")
     pads = (0,) * (2 * n)
     if auto_pad == "NOTSET":
-        pads = ctx.attr("pads", None)
+        pads = ctx.attr("pads")
         pads = (0,) * (2 * n) if pads is None else tuple(int(p) for p in pads)
         if len(pads) != 2 * n:
             raise ctx.error(f"pads {list(pads)} must have {2 * n} entries (begin and end per spatial dim)")
@@ -167,7 +172,7 @@ def conv_geometry(ctx: NodeContext, xi: int = 0, wi: int = 1, bi: int | None = 2
         raise ctx.error(f"W of shape {w} must have the rank of X ({len(x)})")
     if ctx.type(wi).dtype != ctx.type(xi).dtype:
         raise ctx.error("X and W must share one element type")
-    group = int(ctx.attr("group", 1))
+    group = ctx.attr("group")
     n, c = x[0], x[1]
     m = w[0]
     if group < 1 or c % group or m % group:
@@ -175,7 +180,7 @@ def conv_geometry(ctx: NodeContext, xi: int = 0, wi: int = 1, bi: int | None = 2
     if w[1] * group != c:
         raise ctx.error(f"W has {w[1]} input channels per group; X has {c} channels in {group} group(s)")
     kernel = tuple(w[2:])
-    attr_kernel = ctx.attr("kernel_shape", None)
+    attr_kernel = ctx.attr("kernel_shape")
     if attr_kernel is not None and tuple(int(k) for k in attr_kernel) != kernel:
         raise ctx.error(f"kernel_shape {list(attr_kernel)} differs from W's spatial shape {list(kernel)}")
     if bi is not None and ctx.has_input(bi):
@@ -260,10 +265,10 @@ def conv_grad_workspace(ctx: NodeContext):
 
 
 OPS = (
-    OpDef("Conv", _conv, since=11, kernel="conv.conv", workspace=conv_workspace, vjp=_conv_vjp,
+    OpDef("Conv", _conv, since=11, kernel="conv.conv", workspace=conv_workspace, vjp=_conv_vjp, attrs=CONV_ATTRS,
           doc="1-D/2-D; im2col + batched np.matmul, a direct loop for one input channel per group"),
     OpDef("ConvGrad", _conv_grad, domain="com.microsoft", since=1, kernel="conv.conv_grad",
-          workspace=conv_grad_workspace,
+          workspace=conv_grad_workspace, attrs=CONV_ATTRS,
           doc="inputs dY, X, W; optional outputs dX, dW, dB; Conv's attributes. im2col + np.matmul + col2im, "
               "direct loops for one input channel per group"),
 )

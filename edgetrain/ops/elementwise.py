@@ -9,9 +9,11 @@ import numpy as np
 
 from ..ir import TensorType
 from ..ir.dtypes import FLOATS
+from .attrs import Flag, Float
 from .base import ALL_NUMERIC, NodeContext, OpDef, broadcast_shapes
 
 BOOL = np.dtype(np.bool_)
+LEAKY_ALPHA = Float(0.01)    # LeakyRelu's slope, which its gradient op LeakyReluGrad carries too
 NUMERIC_AND_BOOL = ALL_NUMERIC + (BOOL,)
 
 
@@ -58,7 +60,7 @@ def _sigmoid(x):
 
 
 def _mod(ctx, a, b):
-    return np.fmod(a, b) if ctx.attr("fmod", 0) else np.mod(a, b)
+    return np.fmod(a, b) if ctx.attr("fmod") else np.mod(a, b)
 
 
 def _clip(ctx, x, lo=None, hi=None):
@@ -80,11 +82,12 @@ def _erf(ctx, x):
 
 
 def ew(op_type, fold, dtypes=FLOATS, *, out_dtype=None, t_inputs=None, cond_input=None, unidirectional=False,
-       domain="", since=13, doc=""):
+       domain="", since=13, attrs=None, doc=""):
     """An element-wise OpDef; ``fold(ctx, *arrays)`` is its numpy form, its gradient rule ``GRADIENTS[op_type]``."""
     return OpDef(op_type, _rule(out_dtype, t_inputs, cond_input, unidirectional), domain=domain, since=since,
                  kind="elementwise", fold=_quiet(fold), dtypes=dtypes,
-                 type_input=t_inputs[0] if t_inputs else 0, vjp=GRADIENTS.get((domain, op_type)), doc=doc)
+                 type_input=t_inputs[0] if t_inputs else 0, vjp=GRADIENTS.get((domain, op_type)), attrs=attrs or {},
+                 doc=doc)
 
 
 def _quiet(fold):
@@ -194,7 +197,7 @@ def _hard_sigmoid(g, dy):
     t = _dtype(g)
     inside = g.emit("And", [g.emit("Greater", [g.y(), g.const(0, t, "zero")]),
                             g.emit("Less", [g.y(), g.const(1, t, "one")])])
-    return g.emit("Where", [inside, g.emit("Mul", [dy, g.const(g.attr("alpha", 0.2), t, "alpha")]),
+    return g.emit("Where", [inside, g.emit("Mul", [dy, g.const(g.attr("alpha"), t, "alpha")]),
                             g.const(0, t, "zero")])
 
 
@@ -220,13 +223,13 @@ GRADIENTS = {
     ("", "Clip"): _clip_vjp,
     ("", "Cos"): _unary(lambda g, dy: g.emit("Neg", [g.emit("Mul", [dy, g.emit("Sin", [g.x(0)])])])),
     ("", "Div"): _div_vjp,
-    ("", "Elu"): _unary(lambda g, dy: _elu_like(g, dy, g.attr("alpha", 1.0))),
+    ("", "Elu"): _unary(lambda g, dy: _elu_like(g, dy, g.attr("alpha"))),
     ("", "Erf"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Mul", [_c(g, 2 / np.sqrt(np.pi), "k"), g.emit(
         "Exp", [g.emit("Neg", [g.emit("Mul", [g.x(0), g.x(0)])])])])])),
     ("", "Exp"): _unary(lambda g, dy: g.emit("Mul", [dy, g.y()])),
     ("", "HardSigmoid"): _unary(_hard_sigmoid),
     ("", "HardSwish"): _unary(_hard_swish),
-    ("", "LeakyRelu"): _unary(lambda g, dy: g.emit("LeakyReluGrad", [dy, g.y()], {"alpha": g.attr("alpha", 0.01)},
+    ("", "LeakyRelu"): _unary(lambda g, dy: g.emit("LeakyReluGrad", [dy, g.y()], {"alpha": g.attr("alpha")},
                                                    "com.microsoft")),
     ("", "Log"): _unary(lambda g, dy: g.emit("Div", [dy, g.x(0)])),
     ("", "Mean"): _variadic_vjp(scale_by_count=True),
@@ -236,8 +239,7 @@ GRADIENTS = {
     ("", "Pow"): _pow_vjp,
     ("", "Reciprocal"): _unary(lambda g, dy: g.emit("Neg", [g.emit("Mul", [dy, g.emit("Mul", [g.y(), g.y()])])])),
     ("", "Relu"): _unary(lambda g, dy: g.emit("ReluGrad", [dy, g.y()], domain="com.microsoft")),
-    ("", "Selu"): _unary(lambda g, dy: _elu_like(g, dy, g.attr("alpha", 1.67326319217681884765625),
-                                                 g.attr("gamma", 1.05070102214813232421875))),
+    ("", "Selu"): _unary(lambda g, dy: _elu_like(g, dy, g.attr("alpha"), g.attr("gamma"))),
     ("", "Sigmoid"): _unary(lambda g, dy: g.emit("SigmoidGrad", [dy, g.y()], domain="com.microsoft")),
     ("", "Sin"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Cos", [g.x(0)])])),
     ("", "Softplus"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Sigmoid", [g.x(0)])])),
@@ -248,16 +250,16 @@ GRADIENTS = {
     ("", "Where"): _where_vjp,
     ("com.microsoft", "Gelu"): _unary(lambda g, dy: g.emit("GeluGrad", [dy, g.x(0)], domain="com.microsoft")),
     ("com.microsoft", "Scale"): lambda g, dys: [g.emit("Scale", [dys[0], g.x(1)],
-                                                       {"scale_down": g.attr("scale_down", 0)}, "com.microsoft"),
+                                                       {"scale_down": g.attr("scale_down")}, "com.microsoft"),
                                                 None],
 }
 
 
 # --- gradient ops (onnxruntime's com.microsoft vocabulary); element-wise, so they fuse like any other -------
 
-def grad_op(op_type, fold, doc):
+def grad_op(op_type, fold, doc, attrs=None):
     return OpDef(op_type, _rule(same_dtype_inputs=[0, 1]), domain="com.microsoft", since=1, kind="elementwise",
-                 fold=_quiet(fold), doc=doc)
+                 fold=_quiet(fold), attrs=attrs or {}, doc=doc)
 
 
 def _gelu_grad(ctx, dy, x):
@@ -268,8 +270,8 @@ def _gelu_grad(ctx, dy, x):
 
 GRAD_OPS = (
     grad_op("GeluGrad", _gelu_grad, "dX = dY * (Phi(x) + x * phi(x))"),
-    grad_op("LeakyReluGrad", lambda ctx, dy, y: np.where(y > 0, dy, ctx.attr("alpha", 0.01) * dy),
-            "dX = dY where Y > 0, alpha * dY elsewhere"),
+    grad_op("LeakyReluGrad", lambda ctx, dy, y: np.where(y > 0, dy, ctx.attr("alpha") * dy),
+            "dX = dY where Y > 0, alpha * dY elsewhere", {"alpha": LEAKY_ALPHA}),
     grad_op("ReluGrad", lambda ctx, dy, y: np.where(y > 0, dy, 0).astype(dy.dtype), "dX = dY where X (or Y) > 0"),
     grad_op("SigmoidGrad", lambda ctx, dy, y: dy * y * (1 - y), "dX = dY * Y * (1 - Y)"),
     grad_op("TanhGrad", lambda ctx, dy, y: dy * (1 - y * y), "dX = dY * (1 - Y^2)"),
@@ -285,7 +287,8 @@ OPS = GRAD_OPS + (
     ew("Clip", _clip, ALL_NUMERIC),
     ew("Cos", _np(np.cos), since=7),
     ew("Div", _np(_int_div), ALL_NUMERIC, since=14),
-    ew("Elu", lambda ctx, x: np.where(x > 0, x, ctx.attr("alpha", 1.0) * np.expm1(np.minimum(x, 0))), since=6),
+    ew("Elu", lambda ctx, x: np.where(x > 0, x, ctx.attr("alpha") * np.expm1(np.minimum(x, 0))), since=6,
+       attrs={"alpha": Float(1.0)}),
     ew("Equal", _np(np.equal), NUMERIC_AND_BOOL, out_dtype=BOOL, since=19),
     ew("Erf", _erf),
     ew("Exp", _np(np.exp)),
@@ -293,16 +296,18 @@ OPS = GRAD_OPS + (
     ew("Gelu", _gelu, domain="com.microsoft", since=1, doc="erf form"),
     ew("Greater", _np(np.greater), ALL_NUMERIC, out_dtype=BOOL),
     ew("GreaterOrEqual", _np(np.greater_equal), ALL_NUMERIC, out_dtype=BOOL, since=16),
-    ew("HardSigmoid", lambda ctx, x: np.clip(ctx.attr("alpha", 0.2) * x + ctx.attr("beta", 0.5), 0, 1), since=6),
+    ew("HardSigmoid", lambda ctx, x: np.clip(ctx.attr("alpha") * x + ctx.attr("beta"), 0, 1), since=6,
+       attrs={"alpha": Float(0.2), "beta": Float(0.5)}),
     ew("HardSwish", lambda ctx, x: x * np.clip(x / 6 + 0.5, 0, 1), since=14),
-    ew("LeakyRelu", lambda ctx, x: np.where(x >= 0, x, ctx.attr("alpha", 0.01) * x), since=16),
+    ew("LeakyRelu", lambda ctx, x: np.where(x >= 0, x, ctx.attr("alpha") * x), since=16,
+       attrs={"alpha": LEAKY_ALPHA}),
     ew("Less", _np(np.less), ALL_NUMERIC, out_dtype=BOOL),
     ew("LessOrEqual", _np(np.less_equal), ALL_NUMERIC, out_dtype=BOOL, since=16),
     ew("Log", _np(np.log)),
     ew("Max", _np(lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs))), ALL_NUMERIC),
     ew("Mean", _np(lambda *xs: sum(xs) / len(xs))),
     ew("Min", _np(lambda *xs: np.minimum.reduce(np.broadcast_arrays(*xs))), ALL_NUMERIC),
-    ew("Mod", _mod, ALL_NUMERIC, since=13),
+    ew("Mod", _mod, ALL_NUMERIC, since=13, attrs={"fmod": Flag(0)}),
     ew("Mul", _np(np.multiply), ALL_NUMERIC, since=14),
     ew("Neg", _np(np.negative), ALL_NUMERIC),
     ew("Not", _np(np.logical_not), (BOOL,), since=1),
@@ -311,10 +316,11 @@ OPS = GRAD_OPS + (
     ew("Pow", _np(np.power), ALL_NUMERIC, t_inputs=[0], since=15),
     ew("Reciprocal", _np(np.reciprocal)),
     ew("Relu", _np(lambda x: np.maximum(x, 0)), ALL_NUMERIC, since=14),
-    ew("Scale", lambda ctx, x, s: x / s if ctx.attr("scale_down", 0) else x * s, domain="com.microsoft",
-       t_inputs=[0], since=1),
-    ew("Selu", lambda ctx, x: ctx.attr("gamma", 1.05070102214813232421875) * np.where(
-        x > 0, x, ctx.attr("alpha", 1.67326319217681884765625) * np.expm1(np.minimum(x, 0))), since=6),
+    ew("Scale", lambda ctx, x, s: x / s if ctx.attr("scale_down") else x * s, domain="com.microsoft",
+       t_inputs=[0], since=1, attrs={"scale_down": Flag(0)}),
+    ew("Selu", lambda ctx, x: ctx.attr("gamma") * np.where(
+        x > 0, x, ctx.attr("alpha") * np.expm1(np.minimum(x, 0))), since=6,
+       attrs={"alpha": Float(1.67326319217681884765625), "gamma": Float(1.05070102214813232421875)}),
     ew("Sigmoid", _np(_sigmoid)),
     ew("Sign", _np(np.sign), ALL_NUMERIC),
     ew("Sin", _np(np.sin), since=7),

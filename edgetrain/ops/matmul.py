@@ -5,6 +5,7 @@ import numpy as np
 
 from ..ir import TensorType
 from ..ir.dtypes import FLOATS
+from .attrs import Flag, Float
 from .base import NodeContext, OpDef, broadcast_shapes
 
 MATMUL_DTYPES = FLOATS + (np.dtype(np.int32), np.dtype(np.int64))
@@ -43,10 +44,10 @@ def _swap_last(shape: tuple, flag) -> tuple:
 
 
 def _fused_matmul(ctx: NodeContext):
-    if ctx.attr("transBatchA", 0) or ctx.attr("transBatchB", 0):
+    if ctx.attr("transBatchA") or ctx.attr("transBatchB"):
         raise ctx.error("transBatchA/transBatchB are not supported")
-    a = _swap_last(ctx.shape(0), ctx.attr("transA", 0))
-    b = _swap_last(ctx.shape(1), ctx.attr("transB", 0))
+    a = _swap_last(ctx.shape(0), ctx.attr("transA"))
+    b = _swap_last(ctx.shape(1), ctx.attr("transB"))
     return [TensorType(_same_dtype(ctx, 0, 1), matmul_shape(ctx, a, b))]
 
 
@@ -54,8 +55,8 @@ def _gemm(ctx: NodeContext):
     a, b = ctx.shape(0), ctx.shape(1)
     if len(a) != 2 or len(b) != 2:
         raise ctx.error("Gemm takes 2-D A and B")
-    m, k = a[::-1] if ctx.attr("transA", 0) else a
-    k2, n = b[::-1] if ctx.attr("transB", 0) else b
+    m, k = a[::-1] if ctx.attr("transA") else a
+    k2, n = b[::-1] if ctx.attr("transB") else b
     if k != k2:
         raise ctx.error(f"inner dimensions differ: {k} vs {k2}")
     if ctx.has_input(2):
@@ -65,17 +66,17 @@ def _gemm(ctx: NodeContext):
 
 
 def _fold_gemm(ctx, a, b, c=None):
-    a = a.T if ctx.attr("transA", 0) else a
-    b = b.T if ctx.attr("transB", 0) else b
-    y = ctx.attr("alpha", 1.0) * (a @ b)
-    return y + ctx.attr("beta", 1.0) * c if c is not None else y
+    a = a.T if ctx.attr("transA") else a
+    b = b.T if ctx.attr("transB") else b
+    y = ctx.attr("alpha") * (a @ b)
+    return y + ctx.attr("beta") * c if c is not None else y
 
 
 # --- gradient rules ---------------------------------------------------------------------------------------
 
 def _gemm_vjp(g, dys):
     """Y = alpha op(A) op(B) + beta C, emitted as onnxruntime does: Gemm with beta 0, ReduceSum for C."""
-    dy, ta, tb, alpha = dys[0], g.attr("transA", 0), g.attr("transB", 0), g.attr("alpha", 1.0)
+    dy, ta, tb, alpha = dys[0], g.attr("transA"), g.attr("transB"), g.attr("alpha")
     a, b = g.x(0), g.x(1)
     dx = [None, None, None]
     if g.needs[0]:
@@ -86,7 +87,7 @@ def _gemm_vjp(g, dys):
                  else g.emit("Gemm", [dy, a], {"transA": 1, "transB": ta, "alpha": alpha, "beta": 0.0}))
     if len(g.node.inputs) > 2 and g.node.inputs[2] and g.needs[2]:
         dc = g.unbroadcast(dy, 2)
-        beta = g.attr("beta", 1.0)
+        beta = g.attr("beta")
         dx[2] = dc if beta == 1.0 else g.emit("Mul", [dc, g.const(beta, g.in_types[2].dtype, "beta")])
     return dx
 
@@ -114,7 +115,11 @@ def _matmul_vjp(g, dys):
 
 OPS = (
     OpDef("FusedMatMul", _fused_matmul, domain="com.microsoft", since=1, kernel="matmul.fused_matmul",
+          attrs={"alpha": Float(1.0), "transA": Flag(0), "transB": Flag(0), "transBatchA": Flag(0),
+                 "transBatchB": Flag(0)},
           doc="alpha * op(A) @ op(B), op = optional transpose of the last two dims"),
-    OpDef("Gemm", _gemm, kind="lowered", fold=_fold_gemm, vjp=_gemm_vjp, doc="lowered to FusedMatMul + Add"),
+    OpDef("Gemm", _gemm, kind="lowered", fold=_fold_gemm, vjp=_gemm_vjp,
+          attrs={"alpha": Float(1.0), "beta": Float(1.0), "transA": Flag(0), "transB": Flag(0)},
+          doc="lowered to FusedMatMul + Add"),
     OpDef("MatMul", _matmul, kernel="matmul.matmul", dtypes=MATMUL_DTYPES, vjp=_matmul_vjp),
 )

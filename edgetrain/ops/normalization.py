@@ -23,9 +23,14 @@ import numpy as np
 
 from ..ir import Node, TensorType
 from ..ir.dtypes import FLOATS, to_onnx
+from .attrs import REQUIRED, Flag, Float, Int
 from .base import NodeContext, OpDef, normalize_axis
 
 MS = "com.microsoft"
+EPSILON = Float(1e-5)
+STASH_TYPE = Int(1, choices=(1, 11))    # float or double statistics
+BN_ATTRS = {"epsilon": EPSILON, "momentum": Float(0.9), "training_mode": Flag(0)}
+LAYER_NORM_ATTRS = {"axis": Int(-1), "epsilon": EPSILON, "stash_type": STASH_TYPE}
 
 
 def _float_input(ctx: NodeContext, i: int, what: str) -> TensorType:
@@ -51,11 +56,7 @@ def _n_outputs(ctx: NodeContext) -> int:
 
 def bn_training_mode(ctx) -> bool:
     """training_mode of BatchNormalization (default 0) or BatchNormInternal (default 1)."""
-    default = 1 if ctx.node.op_type == "BatchNormInternal" else 0
-    training = int(ctx.attr("training_mode", default))
-    if training not in (0, 1):
-        raise ctx.error(f"training_mode must be 0 or 1, got {training}")
-    return bool(training)
+    return bool(ctx.attr("training_mode"))
 
 
 def _batch_norm_types(ctx: NodeContext, max_outputs: int, too_many: str):
@@ -97,7 +98,7 @@ def _bn_train_form(node: Node, opset: int) -> Node:
     """Training-mode BatchNormalization -> com.microsoft BatchNormInternal with all 5 outputs (as onnxruntime
     trains it); Y, running_mean and running_var keep their names, the saved statistics get theirs from
     ``prepare_for_training``. Inference-mode nodes stay as they are."""
-    if not int(node.attrs.get("training_mode", 0)):
+    if not BATCH_NORM.attr(node, "training_mode"):
         return node
     outputs = (list(node.outputs) + [""] * 5)[:5]
     return Node("BatchNormInternal", list(node.inputs), outputs, dict(node.attrs), node.name, MS)
@@ -123,17 +124,14 @@ STASH_TYPES = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}
 
 
 def stash_dtype(ctx: NodeContext) -> np.dtype:
-    code = int(ctx.attr("stash_type", 1))
-    if code not in STASH_TYPES:
-        raise ctx.error(f"stash_type {code} is not supported; supported: 1 (float), 11 (double)")
-    return STASH_TYPES[code]
+    return STASH_TYPES[ctx.attr("stash_type")]
 
 
 def layer_norm_axis(ctx: NodeContext) -> int:
     rank = len(ctx.shape(0))
     if rank == 0:
         raise ctx.error("X must have rank >= 1")
-    return normalize_axis(ctx, int(ctx.attr("axis", -1)), rank)
+    return normalize_axis(ctx, ctx.attr("axis"), rank)
 
 
 def _norm_param(ctx: NodeContext, i: int, what: str, norm_shape: tuple):
@@ -190,8 +188,8 @@ def _group_norm(ctx: NodeContext):
     if len(x.shape) < 2:
         raise ctx.error(f"X must have rank >= 2 ([N, C, ...]), got shape {x.shape}")
     c = x.shape[1]
-    g = int(ctx.attr("num_groups"))
-    if g <= 0 or c % g:
+    g = ctx.attr("num_groups")
+    if c % g:
         raise ctx.error(f"num_groups {g} must be positive and divide the {c} channels")
     size = c if group_norm_per_channel(ctx) else g
     _channel_param(ctx, 1, "scale", size)
@@ -225,7 +223,7 @@ def _layer_norm_workspace(ctx: NodeContext) -> list[TensorType]:
 
 
 def _group_norm_workspace(ctx: NodeContext) -> list[TensorType]:
-    return [TensorType(STATS, (ctx.shape(0)[0] * int(ctx.attr("num_groups")), 2))]
+    return [TensorType(STATS, (ctx.shape(0)[0] * ctx.attr("num_groups"), 2))]
 
 
 def _instance_norm_workspace(ctx: NodeContext) -> list[TensorType]:
@@ -294,7 +292,7 @@ def _bn_inference_vjp(g, dys):
             v = g.emit("Cast", [v], {"to": to_onnx(g.in_types[i].dtype)})
         return _param_shaped(g, v, i)
 
-    eps = g.const(float(g.attr("epsilon", 1e-5)), dtype, "epsilon")
+    eps = g.const(g.attr("epsilon"), dtype, "epsilon")
     inv = g.emit("Reciprocal", [g.emit("Sqrt", [g.emit("Add", [channel(4, column), eps])])])
     dx = [None] * 5
     if needs[0]:
@@ -343,7 +341,7 @@ def _bn_internal_vjp(g, dys):
         return [None] * 5
     outs = _grad_names(g, "BatchNormalizationGrad", wanted)
     g.emit("BatchNormalizationGrad", [dys[0], g.x(0), g.x(1), g.y(3), g.y(4)],
-           {"epsilon": float(g.attr("epsilon", 1e-5))}, MS, outputs=outs)
+           {"epsilon": g.attr("epsilon")}, MS, outputs=outs)
     return [outs[0] or None, _param_shaped(g, outs[1] or None, 1), _param_shaped(g, outs[2] or None, 2), None, None]
 
 
@@ -378,7 +376,7 @@ def _grouped_vjp(g, dys, groups: int | None, per_channel: bool):
         xg = g.emit("Reshape", [x, grouped])
         centered = g.emit("Sub", [xg, _reduce(g, "ReduceMean", xg, [2], 1)])
         var = _reduce(g, "ReduceMean", g.emit("Mul", [centered, centered]), [2], 1)
-        eps = g.const(float(g.attr("epsilon", 1e-5)), dtype, "epsilon")
+        eps = g.const(g.attr("epsilon"), dtype, "epsilon")
         inv = g.emit("Reciprocal", [g.emit("Sqrt", [g.emit("Add", [var, eps])])])
         xhat = g.emit("Mul", [centered, inv])                                          # [N, G, M]
     if per_channel:
@@ -408,35 +406,42 @@ def _grouped_vjp(g, dys, groups: int | None, per_channel: bool):
 
 
 def _group_norm_vjp(g, dys):
-    return _grouped_vjp(g, dys, int(g.attr("num_groups")), g.opset >= 21)
+    return _grouped_vjp(g, dys, g.attr("num_groups"), g.opset >= 21)
 
 
 def _instance_norm_vjp(g, dys):
     return _grouped_vjp(g, dys, None, True)
 
 
+BATCH_NORM = OpDef(
+    "BatchNormalization", _batch_norm, since=15, kernel="normalization.batch_norm", workspace=_bn_workspace,
+    vjp=_bn_vjp, train_form=_bn_train_form, eval_form=_bn_eval_form, attrs=BN_ATTRS,
+    doc="inference mode, or training_mode=1 with outputs Y, running_mean, running_var (biased batch var); "
+        "trains as com.microsoft BatchNormInternal in training mode")
+
 OPS = (
-    OpDef("BatchNormalization", _batch_norm, since=15, kernel="normalization.batch_norm", workspace=_bn_workspace,
-          vjp=_bn_vjp, train_form=_bn_train_form, eval_form=_bn_eval_form,
-          doc="inference mode, or training_mode=1 with outputs Y, running_mean, running_var (biased batch var); "
-              "trains as com.microsoft BatchNormInternal in training mode"),
+    BATCH_NORM,
     OpDef("BatchNormInternal", _batch_norm_internal, domain=MS, since=1, kernel="normalization.batch_norm",
           workspace=_bn_workspace, vjp=_bn_internal_vjp, grad_outputs=5,
+          attrs=BN_ATTRS | {"training_mode": Flag(1)},
           doc="onnxruntime's training form of BatchNormalization (training_mode defaults to 1): outputs Y, "
               "running_mean, running_var, saved_mean, saved_inv_std = 1 / sqrt(biased batch var + epsilon)"),
     OpDef("BatchNormalizationGrad", _batch_norm_grad, domain=MS, since=1, kernel="normalization.batch_norm_grad",
+          attrs={"epsilon": EPSILON},
           doc="inputs dY, X, scale, saved_mean, saved_inv_std; attribute epsilon (unused: inv_std is given); "
               "outputs dX, dScale, dB of training-mode batch normalization"),
     OpDef("GroupNormalization", _group_norm, since=18, kernel="normalization.group_norm",
           workspace=_group_norm_workspace, vjp=_group_norm_vjp,
+          attrs={"epsilon": EPSILON, "num_groups": Int(REQUIRED, low=1), "stash_type": STASH_TYPE},
           doc="opset 18-20: scale/bias per group; opset >= 21: per channel; gradient with plain ops"),
     OpDef("InstanceNormalization", _instance_norm, since=6, kernel="normalization.instance_norm",
-          workspace=_instance_norm_workspace, vjp=_instance_norm_vjp, doc="gradient with plain ops"),
+          workspace=_instance_norm_workspace, vjp=_instance_norm_vjp, attrs={"epsilon": EPSILON},
+          doc="gradient with plain ops"),
     OpDef("LayerNormalization", _layer_norm, since=17, kernel="normalization.layer_norm",
-          workspace=_layer_norm_workspace, vjp=_layer_norm_vjp, grad_outputs=3,
+          workspace=_layer_norm_workspace, vjp=_layer_norm_vjp, grad_outputs=3, attrs=LAYER_NORM_ATTRS,
           doc="outputs Y and optional Mean, InvStdDev (element type from stash_type)"),
     OpDef("LayerNormalizationGrad", _layer_norm_grad, domain=MS, since=1, kernel="normalization.layer_norm_grad",
-          workspace=_layer_norm_grad_workspace,
+          workspace=_layer_norm_grad_workspace, attrs=LAYER_NORM_ATTRS,
           doc="inputs dY, X, scale, mean, inv_std_dev; attributes axis (and LayerNormalization's epsilon, "
               "stash_type: unused); outputs dX, dScale, dBias"),
 )

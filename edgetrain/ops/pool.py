@@ -7,21 +7,22 @@ import numpy as np
 
 from ..ir import Node, TensorType
 from ..ir.dtypes import to_onnx
+from .attrs import Flag, Ints
 from .base import NodeContext, OpDef
-from .conv import Window, check_rank, smallest_input, window_geometry
+from .conv import DIM, POOL_ATTRS, Window, check_rank, smallest_input, window_geometry
 
 MS = "com.microsoft"
 HINT = "input_spatial_shape"   # pooling gradients: X's spatial shape where dY's does not determine it
+MAX_POOL_ATTRS = POOL_ATTRS | {"ceil_mode": Flag(0), "storage_order": Flag(0)}
+AVERAGE_POOL_ATTRS = POOL_ATTRS | {"ceil_mode": Flag(0), "count_include_pad": Flag(0)}
+GRAD_HINT = {HINT: Ints(low=DIM[0], high=DIM[1])}
 
 
 def _kernel_and_ceil(ctx: NodeContext, rank: int) -> tuple[tuple[int, ...], bool]:
-    kernel = tuple(int(k) for k in ctx.attr("kernel_shape"))
+    kernel = ctx.attr("kernel_shape")
     if len(kernel) != rank - 2:
         raise ctx.error(f"kernel_shape {list(kernel)} must have {rank - 2} entries (one per spatial dim)")
-    ceil_mode = ctx.attr("ceil_mode", 0)
-    if ceil_mode not in (0, 1):
-        raise ctx.error(f"ceil_mode must be 0 or 1; got {ceil_mode}")
-    return kernel, bool(ceil_mode)
+    return kernel, bool(ctx.attr("ceil_mode"))
 
 
 def pool_geometry(ctx: NodeContext, x: tuple[int, ...] | None = None) -> Window:
@@ -38,22 +39,13 @@ def _pooled(ctx: NodeContext) -> TensorType:
 
 
 def _max_pool(ctx: NodeContext):
-    if ctx.attr("storage_order", 0) not in (0, 1):
-        raise ctx.error("storage_order must be 0 (row major) or 1 (column major); "
-                        f"got {ctx.attr('storage_order')}")
     y = _pooled(ctx)
     if len(ctx.node.outputs) > 1:
         return [y, TensorType(np.int64, y.shape)]
     return [y]
 
 
-def _average_pool_attrs(ctx: NodeContext):
-    if ctx.attr("count_include_pad", 0) not in (0, 1):
-        raise ctx.error(f"count_include_pad must be 0 or 1; got {ctx.attr('count_include_pad')}")
-
-
 def _average_pool(ctx: NodeContext):
-    _average_pool_attrs(ctx)
     return [_pooled(ctx)]
 
 
@@ -75,7 +67,8 @@ def _pool_vjp_attrs(g, grad_op: str, dy: str) -> dict:
     """The forward node's attributes, plus ``input_spatial_shape`` when the smallest input that pools to
     dY's shape is not X's."""
     attrs = dict(g.node.attrs)
-    probe = NodeContext(Node(grad_op, [dy], ["dX"], attrs, g.node.name), g.opset, [g.out_types[0]], [None])
+    op = next(op for op in OPS if op.op_type == grad_op)
+    probe = NodeContext(Node(grad_op, [dy], ["dX"], attrs, g.node.name), op, g.opset, [g.out_types[0]], [None])
     x = tuple(g.in_types[0].shape)
     if _pool_grad_type(probe, hint=False).shape != x:
         attrs[HINT] = list(x[2:])
@@ -85,11 +78,10 @@ def _pool_vjp_attrs(g, grad_op: str, dy: str) -> dict:
 def _pool_grad_type(ctx: NodeContext, hint: bool = True) -> TensorType:
     dy = check_rank(ctx, 0)
     kernel, ceil_mode = _kernel_and_ceil(ctx, len(dy))
-    spatial = ctx.attr(HINT, None) if hint else None
+    spatial = ctx.attr(HINT) if hint else None
     if spatial is None:
         spatial = smallest_input(ctx, tuple(dy[2:]), kernel, ceil_mode)
     else:
-        spatial = tuple(int(d) for d in spatial)
         if len(spatial) != len(kernel):
             raise ctx.error(f"{HINT} {list(spatial)} must have {len(kernel)} entries")
     x = tuple(dy[:2]) + tuple(spatial)
@@ -130,26 +122,26 @@ def _max_pool_grad(ctx: NodeContext):
     idx = ctx.type(1)
     if idx.dtype != np.int64 or idx.shape != ctx.shape(0):
         raise ctx.error(f"Indices must be int64 with dY's shape {ctx.shape(0)}; got {idx}")
-    if ctx.attr("storage_order", 0) not in (0, 1):
-        raise ctx.error(f"storage_order must be 0 or 1; got {ctx.attr('storage_order')}")
     return [_pool_grad_type(ctx)]
 
 
 def _average_pool_grad(ctx: NodeContext):
-    _average_pool_attrs(ctx)
     return [_pool_grad_type(ctx)]
 
 
 OPS = (
     OpDef("AveragePool", _average_pool, since=19, kernel="pool.average_pool", vjp=_average_pool_vjp,
+          attrs=AVERAGE_POOL_ATTRS,
           doc="1-D/2-D; count_include_pad, ceil_mode, dilations"),
     OpDef("AveragePoolGrad", _average_pool_grad, since=9, kernel="pool.average_pool_grad",
+          attrs=AVERAGE_POOL_ATTRS | GRAD_HINT,
           doc="onnxruntime's (ai.onnx domain): input dY, AveragePool's attributes; dX = the pool's adjoint"),
     OpDef("GlobalAveragePool", _global_pool, since=1, kernel="pool.global_average_pool",
           vjp=_global_average_pool_vjp),
     OpDef("GlobalMaxPool", _global_pool, since=1, kernel="pool.global_max_pool", vjp=_global_max_pool_vjp),
     OpDef("MaxPool", _max_pool, since=12, kernel="pool.max_pool", vjp=_max_pool_vjp, grad_outputs=2,
+          attrs=MAX_POOL_ATTRS,
           doc="1-D/2-D; optional Indices output (flattened over N*C*H*W, storage_order 0 or 1)"),
-    OpDef("MaxPoolGrad", _max_pool_grad, since=9, kernel="pool.max_pool_grad",
+    OpDef("MaxPoolGrad", _max_pool_grad, since=9, kernel="pool.max_pool_grad", attrs=MAX_POOL_ATTRS | GRAD_HINT,
           doc="onnxruntime's (ai.onnx domain): inputs dY, Indices; dX = 0, then dX[Indices] += dY"),
 )

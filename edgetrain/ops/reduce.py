@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from ..ir import TensorType
 from ..ir.dtypes import FLOATS, INTS
+from .attrs import Flag, Ints
 from .base import NodeContext, OpDef, normalize_axis
+
+# the axes attribute is the pre-opset-18 form (ReduceSum: pre-13); later opsets take them as an input
+REDUCE_ATTRS = {"axes": Ints(), "keepdims": Flag(1), "noop_with_empty_axes": Flag(0)}
 
 
 def reduce_axes(ctx: NodeContext) -> tuple[int, ...] | None:
@@ -16,7 +20,7 @@ def reduce_axes(ctx: NodeContext) -> tuple[int, ...] | None:
     rank = len(ctx.shape(0))
     axes = ctx.axes(1)
     if not axes:
-        return None if ctx.attr("noop_with_empty_axes", 0) else tuple(range(rank))
+        return None if ctx.attr("noop_with_empty_axes") else tuple(range(rank))
     norm = [normalize_axis(ctx, a, rank) for a in axes]
     if len(set(norm)) != len(norm):
         raise ctx.error(f"axes {list(axes)} name an axis twice")
@@ -28,7 +32,7 @@ def reduced_shape(ctx: NodeContext, keepdims: bool | None = None) -> tuple[int, 
     axes = reduce_axes(ctx)
     if axes is None:
         return tuple(shape)
-    keep = bool(ctx.attr("keepdims", 1)) if keepdims is None else keepdims
+    keep = bool(ctx.attr("keepdims")) if keepdims is None else keepdims
     return tuple(1 if i in axes else d for i, d in enumerate(shape) if keep or i not in axes)
 
 
@@ -50,13 +54,13 @@ def _grad_axes(g) -> tuple[int, ...] | None:
             raise g.error("axes must be a constant to differentiate")
         axes = value.reshape(-1).tolist()
     if not axes:
-        return None if g.attr("noop_with_empty_axes", 0) else tuple(range(rank))
+        return None if g.attr("noop_with_empty_axes") else tuple(range(rank))
     return tuple(sorted(int(a) % rank for a in axes))
 
 
 def _spread(g, dy: str, axes) -> str:
     """dy broadcast back over the reduced axes: Unsqueeze (if keepdims=0), then Expand to Shape(x)."""
-    if not g.attr("keepdims", 1):
+    if not g.attr("keepdims"):
         dy = g.emit("Unsqueeze", [dy, g.const(list(axes), "int64", "axes")])
     return g.emit("Expand", [dy, g.shape_of(g.x(0))])
 
@@ -82,10 +86,10 @@ def _reduce_extreme_vjp(g, dys):
     axes = _grad_axes(g)
     if axes is None:
         return [dys[0]] + [None] * (len(g.node.inputs) - 1)
-    y = g.y() if g.attr("keepdims", 1) else g.emit("Unsqueeze", [g.y(), g.const(list(axes), "int64", "axes")])
+    y = g.y() if g.attr("keepdims") else g.emit("Unsqueeze", [g.y(), g.const(list(axes), "int64", "axes")])
     hit = g.emit("Cast", [g.emit("Equal", [g.x(0), y])], {"to": _onnx(g.in_types[0].dtype)})
     ties = g.emit("ReduceSum", [hit, g.const(list(axes), "int64", "axes")], {"keepdims": 1})
-    dy = dys[0] if g.attr("keepdims", 1) else g.emit("Unsqueeze", [dys[0], g.const(list(axes), "int64", "axes")])
+    dy = dys[0] if g.attr("keepdims") else g.emit("Unsqueeze", [dys[0], g.const(list(axes), "int64", "axes")])
     return [g.emit("Mul", [hit, g.emit("Div", [dy, ties])])] + [None] * (len(g.node.inputs) - 1)
 
 
@@ -113,8 +117,11 @@ def _reduce_all_l2_vjp(g, dys):
 OPS = (
     OpDef("ReduceAllL2", _reduce_all_l2, domain="com.microsoft", since=1, kernel="reduce.reduce_all_l2",
           vjp=_reduce_all_l2_vjp, doc="the L2 norm of all elements of all inputs, a scalar"),
-    OpDef("ReduceMax", _reduce, since=18, kernel="reduce.reduce_max", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp),
-    OpDef("ReduceMean", _reduce, since=18, kernel="reduce.reduce_mean", vjp=_reduce_mean_vjp),
-    OpDef("ReduceMin", _reduce, since=18, kernel="reduce.reduce_min", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp),
-    OpDef("ReduceSum", _reduce, since=13, kernel="reduce.reduce_sum", dtypes=FLOATS + INTS, vjp=_reduce_sum_vjp),
+    OpDef("ReduceMax", _reduce, since=18, kernel="reduce.reduce_max", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp,
+          attrs=REDUCE_ATTRS),
+    OpDef("ReduceMean", _reduce, since=18, kernel="reduce.reduce_mean", vjp=_reduce_mean_vjp, attrs=REDUCE_ATTRS),
+    OpDef("ReduceMin", _reduce, since=18, kernel="reduce.reduce_min", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp,
+          attrs=REDUCE_ATTRS),
+    OpDef("ReduceSum", _reduce, since=13, kernel="reduce.reduce_sum", dtypes=FLOATS + INTS, vjp=_reduce_sum_vjp,
+          attrs=REDUCE_ATTRS),
 )

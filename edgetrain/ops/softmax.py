@@ -8,16 +8,19 @@ import numpy as np
 
 from ..ir import TensorType
 from ..ir.dtypes import INTS
+from .attrs import Int, String
 from .base import NodeContext, OpDef, normalize_axis
 
 REDUCTIONS = ("none", "sum", "mean")
+AXIS = {"axis": Int(-1)}
+SCE_ATTRS = {"ignore_index": Int(), "reduction": String("mean", REDUCTIONS)}
 
 
 def softmax_axis(ctx: NodeContext) -> int:
     shape = ctx.shape(0)
     if not shape:
         raise ctx.error("input must have rank >= 1")
-    return normalize_axis(ctx, int(ctx.attr("axis", -1)), len(shape))
+    return normalize_axis(ctx, ctx.attr("axis"), len(shape))
 
 
 def softmax_view(ctx: NodeContext) -> tuple[int, int, int]:
@@ -40,10 +43,7 @@ def _softmax_workspace(ctx: NodeContext) -> list[TensorType]:
 
 
 def sce_reduction(ctx: NodeContext) -> str:
-    reduction = ctx.attr("reduction", "mean")
-    if reduction not in REDUCTIONS:
-        raise ctx.error(f"reduction '{reduction}' is not one of {', '.join(REDUCTIONS)}")
-    return reduction
+    return ctx.attr("reduction")
 
 
 def _softmax_cross_entropy(ctx: NodeContext):
@@ -69,7 +69,7 @@ def _softmax_cross_entropy(ctx: NodeContext):
 
 
 def _sce_attrs(g) -> dict:
-    attrs = {"reduction": g.attr("reduction", "mean")}
+    attrs = {"reduction": g.attr("reduction")}
     if g.attr("ignore_index") is not None:
         attrs["ignore_index"] = g.attr("ignore_index")
     return attrs
@@ -83,7 +83,7 @@ def _sce_vjp(g, dys):
 
 def _softmax_vjp(grad_op: str):
     """Softmax: dX = Y * (dY - sum(dY * Y)); LogSoftmax: dX = dY - exp(Y) * sum(dY), along the axis."""
-    return lambda g, dys: [g.emit(grad_op, [dys[0], g.y()], {"axis": g.attr("axis", -1)}, "com.microsoft")]
+    return lambda g, dys: [g.emit(grad_op, [dys[0], g.y()], {"axis": g.attr("axis")}, "com.microsoft")]
 
 
 def _sce_grad(ctx: NodeContext):
@@ -103,17 +103,19 @@ def _softmax_grad(ctx: NodeContext):
 
 OPS = (
     OpDef("LogSoftmax", _softmax, since=13, kernel="softmax.log_softmax", workspace=_softmax_workspace,
-          vjp=_softmax_vjp("LogSoftmaxGrad_13")),
+          vjp=_softmax_vjp("LogSoftmaxGrad_13"), attrs=AXIS),
     OpDef("LogSoftmaxGrad_13", _softmax_grad, domain="com.microsoft", since=1, kernel="softmax.log_softmax_grad",
+          attrs=AXIS,
           doc="dX = dY - exp(Y) * sum(dY) along axis"),
     OpDef("Softmax", _softmax, since=13, kernel="softmax.softmax", workspace=_softmax_workspace,
-          vjp=_softmax_vjp("SoftmaxGrad_13")),
+          vjp=_softmax_vjp("SoftmaxGrad_13"), attrs=AXIS),
     OpDef("SoftmaxCrossEntropyLoss", _softmax_cross_entropy, since=13, kernel="softmax.softmax_cross_entropy",
-          vjp=_sce_vjp, grad_outputs=2,
+          vjp=_sce_vjp, grad_outputs=2, attrs=SCE_ATTRS,
           doc="reduction none/sum/mean, optional weights and ignore_index; outputs loss and optional log_prob"),
     OpDef("SoftmaxCrossEntropyLossGrad", _sce_grad, domain="com.microsoft", since=1,
-          kernel="softmax.softmax_cross_entropy_grad",
+          kernel="softmax.softmax_cross_entropy_grad", attrs=SCE_ATTRS,
           doc="inputs dY, log_prob, labels[, weights]: dX = (exp(log_prob) - onehot) * w * dY (/ sum w for mean)"),
     OpDef("SoftmaxGrad_13", _softmax_grad, domain="com.microsoft", since=1, kernel="softmax.softmax_grad",
+          attrs=AXIS,
           doc="dX = Y * (dY - sum(dY * Y)) along axis"),
 )

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..ir import Node, TensorType
 from ..ir.dtypes import to_numpy, to_onnx
+from .attrs import REQUIRED, Flag, Float, Floats, Int, Ints, String, Tensor
 from .base import ALL_NUMERIC, ANY, NodeContext, OpDef, broadcast_shapes, normalize_axis
 
 INDEX = (np.dtype(np.int32), np.dtype(np.int64))
@@ -22,7 +23,7 @@ def _t(ctx: NodeContext, shape, i: int = 0) -> TensorType:
 def reshape_target(ctx: NodeContext) -> tuple[int, ...]:
     src = ctx.shape(0)
     want = [int(d) for d in ctx.const(1, "shape").reshape(-1)]
-    allowzero = ctx.attr("allowzero", 0)
+    allowzero = ctx.attr("allowzero")
     if any(d < -1 for d in want):
         raise ctx.error(f"shape {want} has a negative entry other than -1")
     if not allowzero and any(d == 0 and i >= len(src) for i, d in enumerate(want)):
@@ -48,7 +49,7 @@ def _reshape(ctx):
 def _flatten(ctx):
     shape = ctx.shape(0)
     rank = len(shape)
-    axis = int(ctx.attr("axis", 1))
+    axis = ctx.attr("axis")
     if not -rank <= axis <= rank:         # axis may equal rank (output [N, 1]); negative counts from the back
         raise ctx.error(f"axis {axis} is out of range [-{rank}, {rank}]")
     axis = axis + rank if axis < 0 else axis
@@ -103,24 +104,28 @@ def _constant_value(ctx) -> np.ndarray:
 
 def _shape_range(ctx):
     rank = len(ctx.shape(0))
-    start, end = ctx.attr("start", 0), ctx.attr("end", rank)
+    start, end = ctx.attr("start"), ctx.attr("end")
+    end = rank if end is None else end
     return slice(max(0, min(rank, start + rank if start < 0 else start)), max(0, min(rank, end + rank if end < 0 else end)))
 
 
 def _constant_of_shape_value(ctx):
-    value = ctx.attr("value", np.zeros(1, np.float32))
+    value = ctx.attr("value")
+    value = np.zeros(1, np.float32) if value is None else value
     return np.asarray(value).reshape(-1)[0:1]
 
 
 OPS_FOLD = (
     OpDef("Constant", lambda ctx: [TensorType(_constant_value(ctx).dtype, _constant_value(ctx).shape)],
-          kind="fold", fold=lambda ctx: _constant_value(ctx), dtypes=ANY, type_input=None),
+          kind="fold", fold=lambda ctx: _constant_value(ctx), dtypes=ANY, type_input=None,
+          attrs={"value": Tensor(), "value_float": Float(), "value_floats": Floats(), "value_int": Int(),
+                 "value_ints": Ints()}),
     OpDef("ConstantOfShape", lambda ctx: [TensorType(_constant_of_shape_value(ctx).dtype,
                                                      tuple(int(d) for d in ctx.const(0, "shape").reshape(-1)))],
-          since=9, kind="fold", dtypes=(np.dtype(np.int64),),
+          since=9, kind="fold", dtypes=(np.dtype(np.int64),), attrs={"value": Tensor()},
           fold=lambda ctx, shape: np.full(tuple(int(d) for d in shape), _constant_of_shape_value(ctx)[0])),
     OpDef("Shape", lambda ctx: [TensorType(np.int64, (len(range(*_shape_range(ctx).indices(len(ctx.shape(0))))),))],
-          since=15, kind="fold", dtypes=ANY,
+          since=15, kind="fold", dtypes=ANY, attrs={"end": Int(), "start": Int(0)},
           fold=lambda ctx, x: np.array(ctx.shape(0)[_shape_range(ctx)], np.int64)),
     OpDef("Size", lambda ctx: [TensorType(np.int64, ())], kind="fold", dtypes=ANY,
           fold=lambda ctx, x: np.array(ctx.type(0).size, np.int64)),
@@ -160,7 +165,7 @@ def _gather(ctx):
     data, idx = ctx.shape(0), ctx.shape(1)
     if not data:
         raise ctx.error("data must have rank >= 1")
-    axis = normalize_axis(ctx, ctx.attr("axis", 0), len(data))
+    axis = normalize_axis(ctx, ctx.attr("axis"), len(data))
     if ctx.type(1).dtype not in INDEX:
         raise ctx.error("indices must be int32 or int64")
     return [_t(ctx, data[:axis] + idx + data[axis + 1:])]
@@ -206,9 +211,9 @@ def _slice(ctx):
 
 def split_sizes(ctx: NodeContext) -> list[int]:
     shape = ctx.shape(0)
-    axis = normalize_axis(ctx, ctx.attr("axis", 0), len(shape))
+    axis = normalize_axis(ctx, ctx.attr("axis"), len(shape))
     n = len(ctx.node.outputs)
-    split = ctx.node.attrs.get("split")
+    split = ctx.attr("split")
     if split is None and ctx.has_input(1):
         split = ctx.const(1, "split").reshape(-1)
     if split is not None:
@@ -216,7 +221,7 @@ def split_sizes(ctx: NodeContext) -> list[int]:
         if sum(split) != shape[axis] or len(split) != n or min(split, default=0) < 0:
             raise ctx.error(f"split {split} does not cover axis {axis} of size {shape[axis]} in {n} outputs")
         return split
-    num = ctx.attr("num_outputs", None)
+    num = ctx.attr("num_outputs")
     if num is not None and int(num) != n:
         raise ctx.error(f"num_outputs {num} differs from the node's {n} outputs")
     if n < 1:
@@ -230,13 +235,14 @@ def split_sizes(ctx: NodeContext) -> list[int]:
 
 def _split(ctx):
     shape = ctx.shape(0)
-    axis = normalize_axis(ctx, ctx.attr("axis", 0), len(shape))
+    axis = normalize_axis(ctx, ctx.attr("axis"), len(shape))
     return [_t(ctx, shape[:axis] + (s,) + shape[axis + 1:]) for s in split_sizes(ctx)]
 
 
 def transpose_perm(ctx) -> tuple[int, ...]:
     rank = len(ctx.shape(0))
-    perm = ctx.attr("perm", tuple(range(rank))[::-1])
+    perm = ctx.attr("perm")
+    perm = tuple(range(rank))[::-1] if perm is None else perm
     if sorted(perm) != list(range(rank)):
         raise ctx.error(f"perm {perm} is not a permutation of {rank} axes")
     return tuple(perm)
@@ -249,7 +255,8 @@ def _transpose(ctx):
 
 def pad_widths(ctx: NodeContext) -> list[tuple[int, int]]:
     rank = len(ctx.shape(0))
-    pads = [int(p) for p in (ctx.node.attrs["pads"] if "pads" in ctx.node.attrs else ctx.const(1, "pads").reshape(-1))]
+    pads = ctx.attr("pads")
+    pads = [int(p) for p in (pads if pads is not None else ctx.const(1, "pads").reshape(-1))]
     axes = ctx.axes(3)
     axes = list(range(rank)) if axes is None else [normalize_axis(ctx, a, rank) for a in axes]
     if len(set(axes)) != len(axes):
@@ -263,9 +270,7 @@ def pad_widths(ctx: NodeContext) -> list[tuple[int, int]]:
 
 
 def _pad(ctx):
-    mode = ctx.attr("mode", "constant")
-    if mode not in ("constant", "reflect", "edge", "wrap"):
-        raise ctx.error(f"pad mode '{mode}' is not supported")
+    mode = ctx.attr("mode")
     if mode == "constant" and ctx.has_input(2):
         value = ctx.const(2, "constant_value")
         if value.size > 1:
@@ -301,7 +306,7 @@ def resize_geometry(ctx: NodeContext) -> tuple[list[np.float32], list[int]]:
     f32 = np.float32
     shape = ctx.shape(0)
     rank = len(shape)
-    axes = ctx.attr("axes", None)
+    axes = ctx.attr("axes")
     axes = list(range(rank)) if axes is None else [normalize_axis(ctx, int(a), rank) for a in axes]
     if len(set(axes)) != len(axes):
         raise ctx.error(f"axes {axes} repeat an axis")
@@ -328,7 +333,7 @@ def resize_geometry(ctx: NodeContext) -> tuple[list[np.float32], list[int]]:
         raise ctx.error(f"sizes {sizes} must be >= 0 and the resized axes of X non-empty")
     for a, n in zip(axes, sizes):
         scale[a], out[a] = f32(n) / f32(shape[a]), n
-    policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
+    policy = ctx.attr("keep_aspect_ratio_policy")
     if policy != "stretch":
         if policy not in ("not_larger", "not_smaller"):
             raise ctx.error(f"keep_aspect_ratio_policy '{policy}' is not one of stretch, not_larger, "
@@ -362,9 +367,9 @@ def resize_tables(ctx: NodeContext):
     ``(1 - w[i]) * X[lo[i]] + w[i] * X[hi[i]]``; nearest has ``lo == hi`` and ``w == 0``."""
     shape = ctx.shape(0)
     scale, out = resize_geometry(ctx)
-    mode = ctx.attr("mode", "nearest")
-    coords = ctx.attr("coordinate_transformation_mode", "half_pixel")
-    nearest = ctx.attr("nearest_mode", "round_prefer_floor")
+    mode = ctx.attr("mode")
+    coords = ctx.attr("coordinate_transformation_mode")
+    nearest = ctx.attr("nearest_mode")
     pad = RESIZE_RANK - len(shape)
     tables = [(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1))] * pad
     for n_in, n_out, s in zip(shape, out, scale):
@@ -389,14 +394,14 @@ def resize_tables(ctx: NodeContext):
 
 def _resize(ctx):
     shape = ctx.shape(0)
-    mode = ctx.attr("mode", "nearest")
+    mode = ctx.attr("mode")
     if mode not in ("nearest", "linear"):
         raise ctx.error(f"mode '{mode}' is not supported (nearest, linear)")
-    coords = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    coords = ctx.attr("coordinate_transformation_mode")
     if coords not in RESIZE_COORDINATES:
         raise ctx.error(f"coordinate_transformation_mode '{coords}' is not supported "
                         f"({', '.join(RESIZE_COORDINATES)})")
-    if mode == "nearest" and ctx.attr("nearest_mode", "round_prefer_floor") not in NEAREST_MODES:
+    if mode == "nearest" and ctx.attr("nearest_mode") not in NEAREST_MODES:
         raise ctx.error(f"nearest_mode '{ctx.attr('nearest_mode')}' is not one of {', '.join(NEAREST_MODES)}")
     if not 1 <= len(shape) <= RESIZE_RANK:
         raise ctx.error(f"X must have rank 1 to {RESIZE_RANK}, got {len(shape)}")
@@ -404,14 +409,14 @@ def _resize(ctx):
     if mode == "linear":
         if ctx.type(0).dtype.kind != "f":
             raise ctx.error("linear mode needs a float X")
-        if ctx.attr("antialias", 0) and min(scale) < 1:
+        if ctx.attr("antialias") and min(scale) < 1:
             raise ctx.error("antialias when downsampling is not supported")
         pad = RESIZE_RANK - len(shape)
         moved = [a + pad for a, (n_in, n_out, s) in enumerate(zip(shape, out, scale))
                  if not (n_in == n_out and np.isclose(s, 1.0))]
         if any(a < RESIZE_RANK - 2 for a in moved):
             raise ctx.error(f"linear mode resizes at most the last two axes, scales {scale}")
-    elif ctx.attr("antialias", 0):
+    elif ctx.attr("antialias"):
         raise ctx.error("antialias applies to linear and cubic modes only")
     return [_t(ctx, out)]
 
@@ -438,7 +443,8 @@ def _view_vjp(g, dys):
 
 
 def _transpose_vjp(g, dys):
-    perm = g.attr("perm", tuple(range(len(g.in_types[0].shape)))[::-1])
+    perm = g.attr("perm")
+    perm = tuple(range(len(g.in_types[0].shape)))[::-1] if perm is None else perm
     return [g.emit("Transpose", [dys[0]], {"perm": tuple(int(p) for p in np.argsort(perm))})]
 
 
@@ -458,7 +464,7 @@ def _has(g, i: int) -> bool:
 
 def _gather_vjp(g, dys):
     """onnxruntime's GatherGrad(Shape(data), indices, dY): zeros with dY's rows added at the indices."""
-    dx = g.emit("GatherGrad", [g.shape_of(g.x(0)), g.x(1), dys[0]], {"axis": int(g.attr("axis", 0))}, MS)
+    dx = g.emit("GatherGrad", [g.shape_of(g.x(0)), g.x(1), dys[0]], {"axis": g.attr("axis")}, MS)
     return [dx, None]
 
 
@@ -474,7 +480,7 @@ def _concat_vjp(g, dys):
     inputs = g.node.inputs
     if len(inputs) == 1:
         return [dys[0]]
-    axis = int(g.attr("axis")) % len(g.out_types[0].shape)
+    axis = g.attr("axis") % len(g.out_types[0].shape)
     start, end = g.const([axis], np.int64, "axis"), g.const([axis + 1], np.int64, "axis_end")
     sizes = g.emit("Concat", [g.emit("Slice", [g.shape_of(x), start, end]) for x in inputs], {"axis": 0})
     outputs = [f"{g.node.name}_Grad/Split_dx{i}" if g.needs[i] else "" for i in range(len(inputs))]
@@ -492,21 +498,21 @@ def _split_vjp(g, dys):
                 raise g.error(f"output {k} is omitted, so its shape for the gradient is unknown")
             dy = g.emit("ConstantOfShape", [g.shape_of(y)], {"value": np.zeros(1, g.in_types[0].dtype)})
         parts.append(dy)
-    dx = parts[0] if len(parts) == 1 else g.emit("Concat", parts, {"axis": int(g.attr("axis", 0))})
+    dx = parts[0] if len(parts) == 1 else g.emit("Concat", parts, {"axis": g.attr("axis")})
     return [dx] + [None] * (len(g.node.inputs) - 1)
 
 
 def _pad_vjp(g, dys):
     """Constant-mode Pad: dX is dY with the padding cut away (Slice) and, where pads were negative (a crop),
     zeros put back (Pad with the negated pads). The constant value is known when planning: no gradient."""
-    mode = g.attr("mode", "constant")
+    mode = g.attr("mode")
     if mode != "constant":
         raise g.error(f"Pad gradients support constant mode only, not '{mode}'")
     dy, n_in = dys[0], len(g.node.inputs)
     rest = [None] * (n_in - 1)
     axes = g.x(3) if _has(g, 3) else ""
-    if "pads" in g.node.attrs:                         # before opset 11: pads is an attribute
-        pads = np.array(g.node.attrs["pads"], np.int64)
+    if g.attr("pads") is not None:                     # before opset 11: pads is an attribute
+        pads = np.array(g.attr("pads"), np.int64)
         dx = (_unpad(g, dy, pads, "") if pads.min(initial=0) >= 0
               else g.emit("Pad", [dy], {"mode": "constant", "pads": tuple(int(p) for p in -pads)}))
         return [dx] + rest
@@ -546,7 +552,7 @@ def _dropout_vjp(g, dys):
 def _resize_vjp(g, dys):
     """onnxruntime's ResizeGrad(dY, X, roi, scales) with Resize's attributes: every output element's
     gradient goes back to the input elements it was read (interpolated) from."""
-    if _has(g, 3) and g.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+    if _has(g, 3) and g.attr("keep_aspect_ratio_policy") != "stretch":
         raise g.error("Resize with sizes and keep_aspect_ratio_policy "
                       f"'{g.attr('keep_aspect_ratio_policy')}' has no gradient rule")
     inputs = [dys[0], g.x(0)] + [g.node.inputs[i] if _has(g, i) else "" for i in (1, 2)]
@@ -567,7 +573,7 @@ def _forward_view(ctx: NodeContext, x_type: TensorType, slots) -> NodeContext:
     types = [x_type] + [ctx.in_types[i] if i is not None else None for i in picked]
     consts = [None] + [ctx.consts[i] if i is not None else None for i in picked]
     view = Node(node.op_type, inputs, list(node.outputs), dict(node.attrs), node.name, node.domain)
-    return NodeContext(view, ctx.opset, types, consts, list(ctx.out_types))
+    return NodeContext(view, ctx.op, ctx.opset, types, consts, list(ctx.out_types))
 
 
 def _grad_of(ctx: NodeContext, dy: int, want: TensorType, what: str):
@@ -581,7 +587,7 @@ def _gather_grad(ctx):
         raise ctx.error("the data shape must have rank >= 1")
     if ctx.type(1).dtype not in INDEX:
         raise ctx.error("indices must be int32 or int64")
-    axis = normalize_axis(ctx, int(ctx.attr("axis", 0)), len(shape))
+    axis = normalize_axis(ctx, ctx.attr("axis"), len(shape))
     dy = ctx.type(2)
     _grad_of(ctx, 2, TensorType(dy.dtype, shape[:axis] + tuple(ctx.shape(1)) + shape[axis + 1:]), "Gather output")
     return [TensorType(dy.dtype, shape)]
@@ -624,10 +630,10 @@ def resize_grad_view(ctx: NodeContext) -> NodeContext:
     fwd = _forward_view(ctx, x, (2, 3))
     scales = ctx.const(3, "scales", None)
     if scales is None or scales.size == 0:
-        if ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        if ctx.attr("keep_aspect_ratio_policy") != "stretch":
             raise ctx.error("without scales, keep_aspect_ratio_policy must be 'stretch'")
         rank = len(x.shape)
-        axes = ctx.attr("axes", None)
+        axes = ctx.attr("axes")
         axes = range(rank) if axes is None else [normalize_axis(ctx, int(a), rank) for a in axes]
         if len(dy.shape) != rank:
             raise ctx.error(f"dY {dy} and X {x} differ in rank")
@@ -650,32 +656,50 @@ def _dropout_eval_form(node, opset):
     return type(node)(node.op_type, inputs, list(node.outputs), dict(node.attrs), node.name, node.domain)
 
 
+# --- attribute schemas (ONNX's, for opsets 13 and later; older attribute forms where edgetrain reads them) -----
+
+AXES_ATTR = {"axes": Ints()}      # Squeeze/Unsqueeze before opset 13 (later: an input)
+RESIZE_ATTRS = {
+    "antialias": Flag(0), "axes": Ints(),
+    "coordinate_transformation_mode": String("half_pixel", RESIZE_COORDINATES + ("tf_crop_and_resize",)),
+    "cubic_coeff_a": Float(-0.75), "exclude_outside": Flag(0), "extrapolation_value": Float(0.0),
+    "keep_aspect_ratio_policy": String("stretch", ("stretch", "not_larger", "not_smaller")),
+    "mode": String("nearest", ("nearest", "linear", "cubic")), "nearest_mode": String("round_prefer_floor", NEAREST_MODES),
+}
+DROPOUT_ATTRS = {"seed": Int()}
+
+
 OPS = OPS_FOLD + (
-    OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY, vjp=_cast_vjp),
-    OpDef("Concat", _concat, kernel="tensor.concat", dtypes=ANY, vjp=_concat_vjp),
-    OpDef("Dropout", _dropout, kernel="tensor.dropout", deterministic=False,
+    OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY, vjp=_cast_vjp,
+          attrs={"saturate": Flag(1), "to": Int(REQUIRED)}),
+    OpDef("Concat", _concat, kernel="tensor.concat", dtypes=ANY, vjp=_concat_vjp, attrs={"axis": Int(REQUIRED)}),
+    OpDef("Dropout", _dropout, kernel="tensor.dropout", deterministic=False, attrs=DROPOUT_ATTRS,
           workspace=lambda ctx: [TensorType(np.float32, ctx.shape(0))], vjp=_dropout_vjp, grad_outputs=2,
           eval_form=_dropout_eval_form,
           doc="training mode with ratio > 0; inference mode is lowered to a view"),
-    OpDef("DropoutGrad", _dropout_grad, domain=MS, since=1, kernel="tensor.dropout_grad",
+    OpDef("DropoutGrad", _dropout_grad, domain=MS, since=1, kernel="tensor.dropout_grad", attrs=DROPOUT_ATTRS,
           doc="inputs dY, mask[, ratio, training_mode]: dX = dY * mask / (1 - ratio) in training mode, else dY"),
     OpDef("Expand", _expand, kernel="tensor.expand", dtypes=ANY, vjp=lambda g, dys: [g.unbroadcast(dys[0], 0), None]),
-    OpDef("Flatten", _flatten, kind="alias", dtypes=ANY, vjp=_view_vjp),
-    OpDef("Gather", _gather, kernel="tensor.gather", dtypes=ANY, vjp=_gather_vjp),
+    OpDef("Flatten", _flatten, kind="alias", dtypes=ANY, vjp=_view_vjp, attrs={"axis": Int(1)}),
+    OpDef("Gather", _gather, kernel="tensor.gather", dtypes=ANY, vjp=_gather_vjp, attrs={"axis": Int(0)}),
     OpDef("GatherGrad", _gather_grad, domain=MS, since=1, kernel="tensor.gather_grad", type_input=2,
+          attrs={"axis": Int(0)},
           doc="inputs shape, indices, dY; attribute axis: zeros of shape, dY's rows added at the indices"),
     OpDef("Identity", _identity, since=19, kind="alias", dtypes=ANY, vjp=lambda g, dys: [dys[0]]),
-    OpDef("Pad", _pad, since=19, kernel="tensor.pad", dtypes=ANY, vjp=_pad_vjp),
-    OpDef("Reshape", _reshape, since=19, kind="alias", dtypes=ANY, vjp=_view_vjp),
+    OpDef("Pad", _pad, since=19, kernel="tensor.pad", dtypes=ANY, vjp=_pad_vjp,
+          attrs={"mode": String("constant", ("constant", "reflect", "edge", "wrap")), "pads": Ints()}),
+    OpDef("Reshape", _reshape, since=19, kind="alias", dtypes=ANY, vjp=_view_vjp, attrs={"allowzero": Flag(0)}),
     OpDef("Resize", _resize, since=19, kernel="tensor.resize", dtypes=RESIZE_DTYPES, vjp=_resize_vjp,
+          attrs=RESIZE_ATTRS,
           doc="modes nearest and linear (up to 2 spatial axes); tf_crop_and_resize and cubic are rejected"),
-    OpDef("ResizeGrad", _resize_grad, domain=MS, since=1, kernel="tensor.resize_grad",
+    OpDef("ResizeGrad", _resize_grad, domain=MS, since=1, kernel="tensor.resize_grad", attrs=RESIZE_ATTRS,
           doc="inputs dY, X[, roi, scales] and Resize's attributes (nearest, linear): the transposed resize"),
     OpDef("Slice", _slice, kernel="tensor.slice", dtypes=ANY, vjp=_slice_vjp),
     OpDef("SliceGrad", _slice_grad, domain=MS, since=1, kernel="tensor.slice_grad", dtypes=ANY,
           doc="inputs dY, shape, starts, ends[, axes, steps]: zeros of shape with dY written into the slice"),
-    OpDef("Split", _split, since=18, kernel="tensor.split", dtypes=ANY, vjp=_split_vjp),
-    OpDef("Squeeze", _squeeze, kind="alias", dtypes=ANY, vjp=_view_vjp),
-    OpDef("Transpose", _transpose, kernel="tensor.transpose", dtypes=ANY, vjp=_transpose_vjp),
-    OpDef("Unsqueeze", _unsqueeze, kind="alias", dtypes=ANY, vjp=_view_vjp),
+    OpDef("Split", _split, since=18, kernel="tensor.split", dtypes=ANY, vjp=_split_vjp,
+          attrs={"axis": Int(0), "num_outputs": Int(low=1), "split": Ints(low=0)}),
+    OpDef("Squeeze", _squeeze, kind="alias", dtypes=ANY, vjp=_view_vjp, attrs=AXES_ATTR),
+    OpDef("Transpose", _transpose, kernel="tensor.transpose", dtypes=ANY, vjp=_transpose_vjp, attrs={"perm": Ints()}),
+    OpDef("Unsqueeze", _unsqueeze, kind="alias", dtypes=ANY, vjp=_view_vjp, attrs=AXES_ATTR),
 )

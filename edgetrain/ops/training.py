@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import TensorType
+from .attrs import Flag, Float, Int, String
 from .base import NodeContext, OpDef
 
 
@@ -69,11 +70,7 @@ def _adamw(ctx: NodeContext):
     _scalar(ctx, 1, "step", (np.int64,))
     t = _flat_state(ctx, {2: "params", 3: "gradients", 4: "first_order_moments", 5: "second_order_moments"})
     _update_signal(ctx, 6)
-    mode, correct_bias = int(ctx.attr("adam_mode", 0)), int(ctx.attr("correct_bias", 1))
-    if mode not in (0, 1):
-        raise ctx.error(f"adam_mode must be 0 (PyTorch AdamW) or 1 (Hugging Face AdamW), got {mode}")
-    if correct_bias not in (0, 1):
-        raise ctx.error(f"correct_bias must be 0 or 1, got {correct_bias}")
+    mode, correct_bias = ctx.attr("adam_mode"), ctx.attr("correct_bias")
     if mode == 0 and correct_bias == 0:
         raise ctx.error("correct_bias must be 1 with adam_mode 0 (PyTorch AdamW), as onnxruntime requires")
     return _outputs(ctx, [_FLAG, t, t, t])
@@ -89,22 +86,18 @@ def _sgd_v2(ctx: NodeContext):
 def _sgd_momentum(ctx: NodeContext):
     _scalar(ctx, 0, "lr", (np.float32, np.float64))
     t = _flat_state(ctx, {1: "params", 2: "gradients", 3: "first_order_moments"})
-    momentum = float(ctx.attr("momentum", 0.0))
+    momentum = ctx.attr("momentum")
     if momentum < 0:
         raise ctx.error(f"momentum must be >= 0, got {momentum}")
-    if int(ctx.attr("nesterov", 0)) and momentum <= 0:
+    if ctx.attr("nesterov") and momentum <= 0:
         raise ctx.error("Nesterov momentum needs momentum > 0")
     return _outputs(ctx, [_FLAG, t, t])
 
 
 def _clip_grad_norm(ctx: NodeContext):
     t = _flat_state(ctx, {0: "gradients"})
-    norm_type = ctx.attr("norm_type", "fro")
-    norm_type = norm_type.decode() if isinstance(norm_type, bytes) else norm_type
-    if norm_type != "fro":
-        raise ctx.error(f"norm_type '{norm_type}' is not supported; only 'fro' (the global L2 norm) is")
-    if not float(ctx.attr("max_norm", 1.0)) > 0:
-        raise ctx.error(f"max_norm must be > 0, got {ctx.attr('max_norm', 1.0)}")
+    if not ctx.attr("max_norm") > 0:
+        raise ctx.error(f"max_norm must be > 0, got {ctx.attr('max_norm')}")
     return _outputs(ctx, [t])
 
 
@@ -115,17 +108,20 @@ OPS = (
               "optional updated buffer)"),
     OpDef("AdamWOptimizer", _adamw, domain="com.microsoft", since=1, kernel="training.adamw",
           deterministic=False, type_input=2,
+          attrs={"adam_mode": Int(0, choices=(0, 1)), "alpha": Float(0.9), "beta": Float(0.999),
+                 "correct_bias": Flag(1), "epsilon": Float(1e-8), "weight_decay": Float(0.0)},
           doc="AdamW over flat (lr, step, params, gradients, m1, m2[, update_signal]); updates params and moments "
               "in place. step is the 1-based count of this update (onnxruntime feeds steps taken + 1). "
               "adam_mode 0 (PyTorch): p -= lr*wd*p; m, v; p -= lr*m / ((1-b1^t) (sqrt(v/(1-b2^t)) + eps)). "
               "adam_mode 1 (Hugging Face): m, v; p -= lr*sqrt(1-b2^t)/(1-b1^t) * m/(sqrt(v) + eps); "
               "p -= lr*wd*p. Outputs (updated flag, optional copies of params, m1, m2)"),
     OpDef("InplaceClipGradNorm", _clip_grad_norm, domain="com.microsoft", since=1, kernel="training.clip_grad_norm",
-          deterministic=False,
+          deterministic=False, attrs={"max_norm": Float(1.0), "norm_type": String("fro", ("fro",))},
           doc="g *= min(max_norm / (||g||_2 + 1e-6), 1) over the flat gradients, in place; output 0 is the "
               "clipped gradients (written too when it is not input 0's array)"),
     OpDef("SGDOptimizer", _sgd_momentum, domain="ai.edgetrain", since=1, kernel="training.sgd_momentum",
           deterministic=False, type_input=1,
+          attrs={"momentum": Float(0.0), "nesterov": Flag(0), "weight_decay": Float(0.0)},
           doc="torch.optim.SGD (dampening 0) over flat (lr, params, gradients, velocity): g' = g + wd*p; "
               "v = momentum*v + g'; p -= lr*(g' + momentum*v if nesterov else v). Velocity starts at zero, "
               "so the first step gives v = g' as torch does. Outputs (done flag, optional params, velocity)"),

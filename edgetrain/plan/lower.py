@@ -27,8 +27,9 @@ class _Emitter:
              attrs=None, domain: str = "", opset: int = 1):
         op = OP_TABLE[(domain, op_type)]
         node = Node(op_type, inputs, outputs, attrs or {}, f"{src.name}/{op_type}", domain)
+        node.attrs = op.checked_attrs(node)
         in_types = [self.spec.types[i] if i else None for i in inputs]
-        ctx = NodeContext(node, opset, in_types, [self.spec.consts.get(i) if i else None for i in inputs],
+        ctx = NodeContext(node, op, opset, in_types, [self.spec.consts.get(i) if i else None for i in inputs],
                           list(out_types))
         if all(c is not None for i, c in enumerate(ctx.consts) if i < len(inputs) and inputs[i]):
             for name, value in zip(outputs, fold(op, ctx)):
@@ -43,11 +44,11 @@ def _gemm(e: _Emitter, b: Bound) -> bool:
     ctx, node = b.ctx, b.node
     y = node.outputs[0]
     acc = y if not ctx.has_input(2) else f"{y}/acc"
-    attrs = {"transA": ctx.attr("transA", 0), "transB": ctx.attr("transB", 0), "alpha": ctx.attr("alpha", 1.0)}
+    attrs = {"transA": ctx.attr("transA"), "transB": ctx.attr("transB"), "alpha": ctx.attr("alpha")}
     e.emit(node, "FusedMatMul", node.inputs[:2], [acc], [ctx.out(0)], attrs, "com.microsoft")
     if ctx.has_input(2):
         c = node.inputs[2]
-        beta = float(ctx.attr("beta", 1.0))
+        beta = ctx.attr("beta")
         if beta != 1.0:
             beta_name = e.const(f"{y}/beta", np.array(beta, ctx.type(2).dtype))
             e.emit(node, "Mul", [c, beta_name], [f"{y}/beta_c"], [ctx.type(2)])

@@ -55,8 +55,9 @@ def specialize(graph: Graph, input_types: dict[str, TensorType], output_names: l
     for node in graph.nodes:
         opset = graph.opset(node.domain)
         op = lookup(node, opset)
+        node.attrs = op.checked_attrs(node)     # graphs built in memory meet the same checks as loaded ones
         in_types = [types[i] if i else None for i in node.inputs]
-        ctx = NodeContext(node, opset, in_types, [known.get(i) if i else None for i in node.inputs])
+        ctx = NodeContext(node, op, opset, in_types, [known.get(i) if i else None for i in node.inputs])
         _check_dtype(op, ctx)
         out_types = list(op.infer(ctx))
         out_types += [None] * (len(node.outputs) - len(out_types))

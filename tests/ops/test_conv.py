@@ -230,7 +230,8 @@ def test_conv_rule_emits_onnxruntime_conv_grad():
               {"w": np.zeros((8, 1, 3, 3), np.float32), "b": np.zeros(8, np.float32)}, {"": 17})
     grad_nodes, _, grads = gradient_graph(prepare_for_training(g), "loss", ["w", "b"])
     (conv_grad,) = [n for n in grad_nodes if n.op_type == "ConvGrad"]
-    assert conv_grad.domain == "com.microsoft" and conv_grad.attrs == attrs
+    canonical = {k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items()}   # lists load as tuples
+    assert conv_grad.domain == "com.microsoft" and conv_grad.attrs == canonical
     assert conv_grad.inputs[1:] == ["x", "w"] and conv_grad.outputs[0] == ""
     assert len(conv_grad.outputs) == 3 and all(conv_grad.outputs[1:])
 

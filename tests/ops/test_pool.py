@@ -305,7 +305,9 @@ def test_pool_rules_emit_onnxruntime_ops():
         prepared, nodes = _grad_nodes([Node(op, ["x"], ["y"], fwd_attrs, "pool")], x)
         (g,) = [n for n in nodes if n.op_type == grad_op]
         assert g.domain == ""
-        assert g.attrs == (fwd_attrs if hint is None else dict(fwd_attrs, input_spatial_shape=hint))
+        want = fwd_attrs if hint is None else dict(fwd_attrs, input_spatial_shape=hint)
+        as_tuples = {k: tuple(v) if isinstance(v, list) else v for k, v in want.items()}   # lists load as tuples
+        assert {k: tuple(v) if isinstance(v, list) else v for k, v in g.attrs.items()} == as_tuples
         if op == "MaxPool":
             assert len(prepared.nodes[0].outputs) == 2 and g.inputs[1] == prepared.nodes[0].outputs[1]
 
