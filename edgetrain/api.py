@@ -350,6 +350,33 @@ class Module:
             return np.array(loss)
         return [np.array(outs[k]) for k in bound.results]
 
+    def fixed_batch_size(self) -> int | None:
+        """The batch size the current model's inputs fix (an integer first dimension), or None when the batch
+        dimension is symbolic. An edgetrain extension: a model exported with a fixed batch cannot run a last,
+        smaller batch."""
+        io = self._io()
+        dims = {v.type.shape[0] for v in io.graph.inputs if v.name in io.user_inputs and v.type.shape}
+        fixed = [d for d in dims if isinstance(d, int)]
+        return fixed[0] if fixed else None
+
+    def index_bounds(self) -> dict[str, tuple[int, int | None]]:
+        """For each integer input of the current model that indexes something (labels of a loss, token ids of an
+        embedding): (exclusive upper bound of its values, the loss's ignore_index or None). An edgetrain
+        extension, for checking a data set before training."""
+        from .plan.bounds import ignored_label, index_bound
+        from .plan.specialize import specialize
+
+        io = self._io()
+        types = {v.name: TensorType(v.type.dtype, tuple(d if isinstance(d, int) else 1 for d in v.type.shape))
+                 for v in io.graph.inputs}
+        spec = specialize(io.graph, types, [v.name for v in io.graph.outputs])
+        bounds = {}
+        for name in io.user_inputs:
+            bound = index_bound(io.graph, spec.types, name) if types[name].dtype.kind in "iu" else None
+            if bound is not None:
+                bounds[name] = (bound, ignored_label(io.graph, name))
+        return bounds
+
     # -- parameters -----------------------------------------------------------------------------------------
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         n = self._store.size

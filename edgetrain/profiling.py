@@ -31,14 +31,13 @@ from pathlib import Path
 import numpy as np
 
 from .errors import EdgetrainError, InputError, MemoryBudgetError
-from .ops import node_attr
+from .plan.bounds import index_bound
 
 KINDS = ("train", "eval", "optimizer")
 WARMUP = 3            # cycles before measuring: compiles, first touch of arena pages
 # numpy keeps a few dozen small blocks in internal caches that fill during the first traced calls
 # (e.g. ~35 x 52 B for ``np.isfinite(x).all()`` on a 0-d array); settle them before counting
 TRACE_SETTLE = 50
-INDEX_PASS_THROUGH = {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"}
 
 
 @dataclass
@@ -143,30 +142,6 @@ def _from_data(v, array: np.ndarray, batch_size: int | None, where: str) -> np.n
     return np.ascontiguousarray(array.astype(want, copy=False))
 
 
-def _index_bound(graph, types: dict, name: str) -> int | None:
-    """The exclusive upper bound of valid values of integer input ``name``: the class count of a loss it
-    labels, or the size of the axis a Gather indexes with it; None when it indexes nothing."""
-    consumers = graph.consumers()
-    bounds, todo, seen = [], [name], set()
-    while todo:
-        v = todo.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        for node in consumers.get(v, []):
-            op = node.op_type
-            if op in INDEX_PASS_THROUGH and node.inputs[0] == v:
-                todo.extend(o for o in node.outputs[:1] if o)
-            elif (op.startswith(("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss")) and not op.endswith("Grad")
-                  and len(node.inputs) > 1 and node.inputs[1] == v and node.inputs[0] in types):
-                scores = types[node.inputs[0]].shape
-                bounds.append(scores[1] if len(scores) > 1 else scores[0])
-            elif op == "Gather" and len(node.inputs) > 1 and node.inputs[1] == v and node.inputs[0] in types:
-                data = types[node.inputs[0]].shape
-                bounds.append(data[node_attr(node, "axis") % len(data)])
-    return min(bounds) if bounds else None
-
-
 def _feeds(module, io, batch_size, rng, data, known: dict[str, np.ndarray], where: str):
     """Inputs for one model (arrays already made for another model are reused by name) and its program.
 
@@ -186,7 +161,7 @@ def _feeds(module, io, batch_size, rng, data, known: dict[str, np.ndarray], wher
             feeds[name] = rng.standard_normal(_shape(v, batch_size, where)).astype(v.type.dtype)
     prog = module._program(io, feeds)
     for name in synthetic_ints:
-        bound = _index_bound(io.graph, prog.plan.spec.types, name)
+        bound = index_bound(io.graph, prog.plan.spec.types, name)
         if bound and feeds[name].dtype.kind in "iu":
             feeds[name] = rng.integers(0, bound, feeds[name].shape).astype(feeds[name].dtype)
     known.update(feeds)

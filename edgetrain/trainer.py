@@ -36,6 +36,26 @@ def check_arrays(arrays: Sequence[np.ndarray], names: Sequence[str]) -> int:
     return next(iter(sizes.values()))
 
 
+def check_indices(module, arrays: Sequence[np.ndarray]) -> None:
+    """Every label within the classes of its loss and every token id within its embedding table, checked over the
+    whole data set before training: the error names the array, the sample and the value."""
+    bounds = module.index_bounds()
+    for name, a in zip(module.input_names(), arrays):
+        if name not in bounds:
+            continue
+        bound, ignored = bounds[name]
+        bad = (a < 0) | (a >= bound)
+        if ignored is not None:
+            bad &= a != ignored
+        if bad.any():
+            where = np.argwhere(bad)[0]
+            value = a[tuple(where)]
+            at = f"sample {where[0]}" + (f", position {tuple(int(i) for i in where[1:])}" if len(where) > 1 else "")
+            raise InputError(f"array '{name}' has value {value} at {at}: valid values are 0 to {bound - 1}"
+                             + (f" (or {ignored}, ignored)" if ignored is not None else "")
+                             + f"; {int(bad.sum())} value(s) are out of range")
+
+
 def batches(n: int, batch_size: int, rng: np.random.Generator | None) -> Iterator[np.ndarray]:
     """Sample indices per batch: a permutation drawn from ``rng``, or in order when ``rng`` is None."""
     if batch_size < 1:
@@ -47,18 +67,23 @@ def batches(n: int, batch_size: int, rng: np.random.Generator | None) -> Iterato
 
 def train_epoch(module, optimizer, arrays: Sequence[np.ndarray], batch_size: int, epoch: int = 0,
                 rng: np.random.Generator | None = None, scheduler=None, skip_steps: int = 0,
-                on_step: Callable[[StepInfo], None] | None = None) -> float:
+                on_step: Callable[[StepInfo], None] | None = None, drop_last: bool = False,
+                clock: Callable[[], float] = time.perf_counter) -> float:
     """One pass over ``arrays``: forward+backward, optimizer step, scheduler step, gradient reset per batch.
 
-    ``skip_steps`` batches are drawn but not run (resuming mid-epoch with the same ``rng`` state).
+    ``skip_steps`` batches are drawn but not run (resuming mid-epoch with the same ``rng`` state);
+    ``drop_last``: a last batch smaller than ``batch_size`` is not run (models exported with a fixed batch);
+    ``clock``: the time base of samples/s (the CLI's leaves kernel compilation out).
     Returns the mean loss of the steps run, weighted by batch size.
     """
     n = check_arrays(arrays, module.input_names())
     module.train()
-    steps = -(-n // batch_size)
+    steps = n // batch_size if drop_last else -(-n // batch_size)
     total = seen = 0.0
-    start = time.perf_counter()
+    start = clock()
     for step, idx in enumerate(batches(n, batch_size, rng), 1):
+        if step > steps:
+            break
         if step <= skip_steps:
             continue
         out = module(*(np.ascontiguousarray(a[idx]) for a in arrays))
@@ -70,19 +95,60 @@ def train_epoch(module, optimizer, arrays: Sequence[np.ndarray], batch_size: int
         total += loss * len(idx)
         seen += len(idx)
         if on_step is not None:
-            on_step(StepInfo(epoch, step, steps, loss, total / seen, seen / (time.perf_counter() - start)))
+            on_step(StepInfo(epoch, step, steps, loss, total / seen, seen / max(clock() - start, 1e-9)))
     return total / seen if seen else float("nan")
 
 
-def evaluate(module, arrays: Sequence[np.ndarray], batch_size: int) -> float:
+def evaluate(module, arrays: Sequence[np.ndarray], batch_size: int, drop_last: bool = False) -> float:
     """Mean eval-model loss over ``arrays`` (batch losses weighted by batch size); leaves the module in eval mode."""
+    return evaluate_metrics(module, arrays, batch_size, drop_last)["loss"]
+
+
+LOSS_PROPERTY = "edgetrain.loss"     # checkpoint property `edgetrain artifacts` records: which loss trains it
+
+
+def evaluate_metrics(module, arrays: Sequence[np.ndarray], batch_size: int, drop_last: bool = False,
+                     loss: str | None = None) -> dict:
+    """The eval loss and, when the eval model also outputs the model's predictions (artifacts made with
+    ``additional_output_names``, as ``edgetrain artifacts`` makes them), the metrics that fit ``loss``
+    (crossentropy: accuracy and top-5 accuracy; bcewithlogits: accuracy at logit 0; mse, l1: MSE and MAE; None:
+    told from the labels). Leaves the module in eval mode."""
     module.eval()
-    n = check_arrays(arrays, module.input_names())
-    total = 0.0
+    names = module.input_names()
+    n = check_arrays(arrays, names)
+    total = count = 0.0
+    sums: dict[str, float] = {}
     for idx in batches(n, batch_size, None):
+        if drop_last and len(idx) < batch_size:
+            break
         out = module(*(np.ascontiguousarray(a[idx]) for a in arrays))
-        total += float(out[0] if isinstance(out, list) else out) * len(idx)
-    return total / n
+        outs = out if isinstance(out, list) else [out]
+        total += float(outs[0]) * len(idx)
+        count += len(idx)
+        if len(outs) > 1:
+            for key, value in _batch_metrics(outs[1], arrays[-1][idx], loss).items():
+                sums[key] = sums.get(key, 0.0) + value
+    metrics = {"loss": total / count if count else float("nan"), "samples": int(count)}
+    metrics.update({k: v / count for k, v in sums.items()})
+    return metrics
+
+
+def _batch_metrics(pred: np.ndarray, target: np.ndarray, loss: str | None) -> dict[str, float]:
+    """Sums over the batch (divided by the sample count later) of the metrics that fit ``loss`` and ``target``."""
+    if target.dtype.kind in "iu" and pred.ndim == target.ndim + 1:          # class labels, class axis 1
+        classes = np.moveaxis(pred, 1, -1)
+        hits = {"accuracy": (classes.argmax(-1) == target)}
+        if classes.shape[-1] > 5:
+            top5 = np.argpartition(-classes, 5, axis=-1)[..., :5]
+            hits["top5_accuracy"] = (top5 == target[..., None]).any(-1)
+        return {k: float(v.reshape(len(target), -1).mean(axis=1).sum()) for k, v in hits.items()}
+    if pred.shape != target.shape:
+        return {}
+    err = (pred.astype(np.float64) - target).reshape(len(target), -1)
+    out = {"mse": float((err ** 2).mean(axis=1).sum()), "mae": float(np.abs(err).mean(axis=1).sum())}
+    if loss == "bcewithlogits":                                           # logits thresholded at 0
+        out["accuracy"] = float(((pred > 0) == (target > 0.5)).reshape(len(target), -1).mean(axis=1).sum())
+    return out
 
 
 MODEL_FILES = ("training_model", "eval_model", "optimizer_model")

@@ -9,6 +9,7 @@ import builtins
 
 import numpy as np
 
+from edgetrain import config
 from edgetrain.ops.tensor import (
     RESIZE_RANK,
     dropout_grad_scale,
@@ -187,7 +188,8 @@ def dropout(ctx):
     """Training-mode Dropout: mask = (U[0,1) >= ratio), y = x * mask / (1 - ratio)."""
     ratio = dropout_ratio(ctx)
     scale = 1.0 / (1.0 - ratio)
-    rng = np.random.default_rng(ctx.attr("seed"))
+    seed = ctx.attr("seed")
+    rng = np.random.default_rng(seed if seed is not None else config.op_seed(ctx.node.name))
     n_in = len(ctx.node.inputs)
     has_mask = len(ctx.node.outputs) > 1 and bool(ctx.node.outputs[1])
 

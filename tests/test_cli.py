@@ -43,8 +43,8 @@ def test_artifacts_train_eval_export(digits_files, tmp_path, capsys):
     assert all(not np.array_equal(trained[n], initial[n]) for n in initial)
 
     assert main(["eval", str(f / "art"), "--data", str(f / "test.npz"), "--checkpoint", str(out / "checkpoint")]) == 0
-    eval_loss = float(capsys.readouterr().out.split("eval loss ")[1].split()[0])
-    last_epoch_eval = float(log.strip().splitlines()[-2].split("eval loss ")[1])
+    eval_loss = float(capsys.readouterr().out.split("eval loss ")[1].split(",")[0])
+    last_epoch_eval = float(log.strip().splitlines()[-2].split("eval loss ")[1].split(",")[0])
     assert eval_loss == pytest.approx(last_epoch_eval, abs=1e-4)
 
     model = tmp_path / "inference.onnx"
@@ -63,7 +63,7 @@ def test_resume_mid_epoch_continues_as_one_run(digits_files, tmp_path, monkeypat
 
     real_step = progress_module.Progress.step
 
-    def interrupted(self, info):      # a power cut during epoch 2, step 7: the last checkpoint is from step 4
+    def interrupted(self, info):      # Ctrl-C during epoch 2, step 7: a checkpoint of that point is saved
         if info.epoch == 1 and info.step == 7:
             raise KeyboardInterrupt
         real_step(self, info)
@@ -71,7 +71,7 @@ def test_resume_mid_epoch_continues_as_one_run(digits_files, tmp_path, monkeypat
     assert main(["train", str(f / "art"), "-o", str(tmp_path / "cut"), *common]) == 130
     monkeypatch.setattr(progress_module.Progress, "step", real_step)
     state = CheckpointState.load_checkpoint(tmp_path / "cut" / "checkpoint")
-    assert (state.properties["edgetrain.epoch"], state.properties["edgetrain.step_in_epoch"]) == (1, 4)
+    assert (state.properties["edgetrain.epoch"], state.properties["edgetrain.step_in_epoch"]) == (1, 7)
     assert main(["train", str(f / "art"), "-o", str(tmp_path / "cut"), "--resume", *common]) == 0
     straight, resumed = _params(tmp_path / "straight" / "checkpoint"), _params(tmp_path / "cut" / "checkpoint")
     for name in straight:

@@ -5,6 +5,6 @@ op's gradient rule (``OpDef.vjp``, beside its shape rule) to emit backward nodes
 loss gradient is seeded with ones. Names follow onnxruntime: the gradient of value ``v`` is ``v_grad`` and a
 rule's helper nodes are named ``<node>_Grad/<op>_<k>``, so the training model reads like ORT's and ORT can run it.
 """
-from .builder import GradContext, gradient_graph
+from .builder import GradContext, gradient_graph, params_with_gradient
 
-__all__ = ["GradContext", "gradient_graph"]
+__all__ = ["GradContext", "gradient_graph", "params_with_gradient"]

@@ -172,6 +172,38 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str]) -> tuple[list[Node],
     ``graph`` must already be in its training form (``prepare_for_training``).
     Returns (backward nodes, new initializers, {p: gradient name}).
     """
+    walk, grads = _backward(graph, loss, wrt)
+    result = {}
+    for p in wrt:
+        parts = grads.get(p)
+        if not parts:
+            raise UnsupportedOpError(f"parameter '{p}' does not reach the loss '{loss}': it gets no gradient")
+        result[p] = _total(walk, parts, p)
+        if result[p] != f"{p}_grad":
+            walk.emit(Node("Identity", [result[p]], [f"{p}_grad"], {}, f"{p}_grad/Identity"))
+            result[p] = f"{p}_grad"
+    return walk.nodes, walk.initializers, result
+
+
+def params_with_gradient(graph: Graph, candidates: list[str]) -> list[str]:
+    """The ``candidates`` (initializers of a forward graph) that the graph's outputs depend on
+    differentiably: BatchNorm running statistics, Dropout ratios, constants behind shape arithmetic and
+    values no output reads get no gradient, whatever the loss."""
+    graph = prepare_for_training(graph)
+    types = _probe_types(graph, candidates)
+    outputs = [v.name for v in graph.outputs if types[v.name].dtype.kind == "f"]
+    probe = [Node("ReduceSum", [o], [f"{o}/probe_sum"], {"keepdims": 0}, f"{o}/probe_sum") for o in outputs]
+    loss = "edgetrain_probe_loss"
+    probe.append(Node("Sum", [n.outputs[0] for n in probe], [loss], {}, loss))
+    g = Graph(graph.nodes + probe, graph.inputs, graph.outputs + [Value(loss, None)], graph.initializers,
+              graph.opsets, graph.value_types, graph.name)
+    grads = _backward(g, loss, candidates, strict=False)[1]
+    return [p for p in candidates if grads.get(p)]
+
+
+def _backward(graph: Graph, loss: str, wrt: list[str], strict: bool = True) -> tuple[_Walk, dict[str, list[str]]]:
+    """Walk ``graph`` backwards from ``loss``: (the walk with its emitted nodes, gradient parts per value).
+    ``strict``: a node on the way without a gradient rule is an error (else its inputs get no gradient)."""
     types = _probe_types(graph, wrt)
     # values that depend on a parameter (forward reachability) and lead to the loss (backward reachability)
     depends = set(wrt)
@@ -199,6 +231,8 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str]) -> tuple[list[Node],
             continue
         opset = graph.opset(node.domain)
         op = lookup(node, opset)
+        if op.vjp is None and not strict:
+            continue
         if op.vjp is None:
             raise UnsupportedOpError(f"{node} (opset {opset}) has no gradient rule, and its input(s) "
                                      f"{[i for i, n in zip(node.inputs, needs) if n]} need one")
@@ -208,16 +242,7 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str]) -> tuple[list[Node],
         for i, (name, dx) in enumerate(zip(node.inputs, dxs + [None] * (len(node.inputs) - len(dxs)))):
             if dx is not None and needs[i]:
                 grads.setdefault(name, []).append(dx)
-    result = {}
-    for p in wrt:
-        parts = grads.get(p)
-        if not parts:
-            raise UnsupportedOpError(f"parameter '{p}' does not reach the loss '{loss}': it gets no gradient")
-        result[p] = _total(walk, parts, p)
-        if result[p] != f"{p}_grad":
-            walk.emit(Node("Identity", [result[p]], [f"{p}_grad"], {}, f"{p}_grad/Identity"))
-            result[p] = f"{p}_grad"
-    return walk.nodes, walk.initializers, result
+    return walk, grads
 
 
 def _total(walk: _Walk, parts: list[str] | None, value: str) -> str | None:

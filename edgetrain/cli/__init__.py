@@ -11,16 +11,30 @@ import sys
 COMMANDS = ("artifacts", "demo", "eval", "export", "plan", "profile", "reduce", "train")
 
 
+class DefaultsHelp(argparse.HelpFormatter):
+    """Help that shows each option's default, unless it has none (None, a switch) or the text already says."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def _module(name: str):
     return importlib.import_module(f"edgetrain.cli.{name}")
 
 
 def main(argv=None) -> int:
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="edgetrain", description="On-device training of ONNX models")
+    parser.add_argument("--version", action="version", version=f"edgetrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         mod = _module(name)
-        p = sub.add_parser(name, help=mod.__doc__.strip().splitlines()[0], description=mod.__doc__)
+        p = sub.add_parser(name, help=mod.__doc__.strip().splitlines()[0], description=mod.__doc__,
+                           formatter_class=DefaultsHelp)
         mod.add_arguments(p)
         p.set_defaults(fn=mod.run)
     args = parser.parse_args(argv)

@@ -17,7 +17,8 @@ def add_arguments(p):
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0, help="seed of the train/test split and of the batch order")
-    p.add_argument("-o", "--output", help="folder for the artifacts and the exported model (default: a temp dir)")
+    p.add_argument("-o", "--output", help="folder to keep the artifacts and the exported model in (default: a "
+                                          "temporary folder, removed at the end)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -42,20 +43,29 @@ def memory_report(module, optimizer) -> list[str]:
     moments = sum(m.nbytes for m in store.moments)
     lines.append(f"  state: parameters {_mb(store.params.nbytes)}, gradients {_mb(store.grads.nbytes)}, "
                  f"optimizer moments {_mb(moments)}, frozen {_mb(sum(a.nbytes for a in store.frozen.values()))}")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024     # Linux reports KiB
-    lines.append(f"  process: RSS {_mb(psutil.Process().memory_info().rss)} now, peak {_mb(peak)}")
+    rss = psutil.Process().memory_info().rss
+    # Linux reports ru_maxrss in KiB, sampled by the kernel less often than psutil reads RSS: never below now
+    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, rss)
+    lines.append(f"  process: RSS {_mb(rss)} now, peak {_mb(peak)}")
     return lines
 
 
 def run(args) -> int:
-    from .. import InferenceSession, artifacts
+    if args.output:
+        return _demo(args, Path(args.output))
+    with tempfile.TemporaryDirectory(prefix="edgetrain-demo-") as folder:     # nothing left behind
+        return _demo(args, Path(folder))
+
+
+def _demo(args, folder: Path) -> int:
+    from .. import InferenceSession, artifacts, config
     from ..data import digits_model, digits_split
     from ..kernels import _jit
     from ..trainer import evaluate, open_artifacts, train_epoch
     from .progress import Progress
 
     start = time.perf_counter()
-    folder = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="edgetrain-demo-"))
+    config.set_seed(args.seed)
     (x_train, y_train), (x_test, y_test) = digits_split(seed=args.seed)
     print(f"edgetrain demo: digits MLP 64-32-10, {len(y_train)} training and {len(y_test)} test images; "
           f"artifacts in {folder}")
@@ -88,6 +98,7 @@ def run(args) -> int:
     stats = _jit.compile_stats()
     print(f"kernels: {stats['misses']} compiled, {stats['hits']} from the cache; first epoch done "
           f"{first_step:.2f} s after start")
-    print(f"exported {model_path}; edgetrain.InferenceSession logits {'match' if agree else 'DO NOT match'} "
-          "a numpy forward pass with the trained parameters")
+    print(f"exported {model_path}{'' if args.output else ' (removed at exit: -o DIR keeps it)'}; "
+          f"edgetrain.InferenceSession logits {'match' if agree else 'DO NOT match'} a numpy forward pass with the "
+          "trained parameters")
     return 0 if agree else 1

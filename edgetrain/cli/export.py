@@ -41,8 +41,12 @@ def run(args) -> int:
     from ..errors import InputError
     from ..trainer import open_artifacts
 
-    trained = Path(args.artifacts) / "run" / "checkpoint"
-    checkpoint = args.checkpoint or (trained if trained.exists() else None)
+    from .eval import trained_checkpoint
+
+    folder = Path(args.output).resolve().parent
+    if not folder.is_dir():
+        raise InputError(f"cannot write '{args.output}': folder '{folder}' does not exist")
+    checkpoint = args.checkpoint or trained_checkpoint(args.artifacts)
     _, module, _ = open_artifacts(args.artifacts, checkpoint, optimizer=False)
     if module._eval is None:
         raise InputError(f"artifact folder '{args.artifacts}' has no eval model to export from")

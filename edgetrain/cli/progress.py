@@ -1,7 +1,12 @@
-"""A one-line progress bar on a terminal, one line per epoch otherwise (logs, CI)."""
+"""What a long command shows and how it stops: a progress line (one line per epoch when not on a terminal),
+kernel-compilation progress on the first steps, and Ctrl-C that stops after the current step."""
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
+from contextlib import contextmanager
 
 from ..trainer import StepInfo
 
@@ -21,7 +26,92 @@ class Progress:
                           f"{info.samples_per_s:,.0f} samples/s ")
         self.stream.flush()
 
+    def note(self, text: str) -> None:
+        """A transient status (overwritten by the next line) on a terminal; nothing otherwise."""
+        if self.live:
+            self.stream.write(f"\r\033[K{text}")
+            self.stream.flush()
+
     def epoch(self, epoch: int, text: str) -> None:
         if self.live:
             self.stream.write("\r\033[K")
         print(f"epoch {epoch + 1}/{self.epochs}: {text}", file=sys.stdout, flush=True)
+
+
+class CompileWatcher:
+    """Counts the kernels Numba compiles (cache loads are not compiles) and the seconds spent, shows
+    "compiling kernels: k done" while it happens, and gives a clock that leaves compile time out, so throughput
+    figures are about training. Without Numba (the trimmed runtime) nothing ever compiles."""
+
+    def __init__(self, progress: Progress):
+        self.progress, self.count, self.seconds = progress, 0, 0.0
+        self._depth, self._t0 = 0, 0.0
+
+    def clock(self) -> float:
+        """``time.perf_counter()`` minus the compile time so far."""
+        return time.perf_counter() - self.seconds - (time.perf_counter() - self._t0 if self._depth else 0.0)
+
+    def on_start(self, event) -> None:
+        if self._depth == 0:      # kernels compile the helpers they inline: count the outermost only
+            self._t0 = time.perf_counter()
+            self.progress.note(f"compiling kernels (first run; cached for later runs): {self.count} done ")
+        self._depth += 1
+
+    def on_end(self, event) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._t0
+            self.progress.note(f"compiling kernels (first run; cached for later runs): {self.count} done ")
+
+    @contextmanager
+    def watching(self):
+        try:
+            from numba.core import event
+        except ImportError:
+            yield self
+            return
+        watcher = self
+
+        class Forward(event.Listener):
+            def on_start(self, e):
+                watcher.on_start(e)
+
+            def on_end(self, e):
+                watcher.on_end(e)
+
+        listener = Forward()
+        event.register("numba:compile", listener)
+        try:
+            yield self
+        finally:
+            event.unregister("numba:compile", listener)
+
+    def summary(self) -> str:
+        return f"compiled {self.count} kernels in {self.seconds:.1f} s (cached: later runs load them)" \
+            if self.count else ""
+
+
+class Interrupt:
+    """Ctrl-C asks to stop after the current step (a step, or a kernel compile inside LLVM, is never cut in half);
+    a second Ctrl-C exits at once with status 130. ``requested`` tells the training loop to stop."""
+
+    def __init__(self):
+        self.requested = False
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            print("\nedgetrain: interrupted again: exiting now (checkpoints on disk are whole)", file=sys.stderr,
+                  flush=True)
+            os._exit(130)
+        self.requested = True
+        print("\nedgetrain: interrupt: stopping after this step and saving a checkpoint "
+              "(Ctrl-C again to quit at once)", file=sys.stderr, flush=True)
+
+    @contextmanager
+    def installed(self):
+        previous = signal.signal(signal.SIGINT, self._handle)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)

@@ -77,6 +77,5 @@ def build_runtime(args, folders: list[Path]) -> None:
         return
     rebuild = "edgetrain " + " ".join(shlex.quote(a) for a in args.argv)
     build = runtime.build(folders, Path(args.output), batch_sizes=args.batch_size, rebuild_command=rebuild,
-                          log=print)
-    print(build.summary())
+                          log=print)     # its log ends with the build's summary
     print(f"install on the device: pip install {build.wheel}   (or pip install {Path(args.output)})")
