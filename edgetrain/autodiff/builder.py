@@ -190,21 +190,25 @@ def params_with_gradient(graph: Graph, candidates: list[str]) -> list[str]:
     differentiably: BatchNorm running statistics, Dropout ratios, constants behind shape arithmetic and
     values no output reads get no gradient, whatever the loss."""
     graph = prepare_for_training(graph)
-    types = _probe_types(graph, candidates)
+    types = _probe_types(graph)
     outputs = [v.name for v in graph.outputs if types[v.name].dtype.kind == "f"]
     probe = [Node("ReduceSum", [o], [f"{o}/probe_sum"], {"keepdims": 0}, f"{o}/probe_sum") for o in outputs]
     loss = "edgetrain_probe_loss"
     probe.append(Node("Sum", [n.outputs[0] for n in probe], [loss], {}, loss))
     g = Graph(graph.nodes + probe, graph.inputs, graph.outputs + [Value(loss, None)], graph.initializers,
               graph.opsets, graph.value_types, graph.name)
-    grads = _backward(g, loss, candidates, strict=False)[1]
+    # planned with every candidate as a constant: a Dropout ratio or a shape among them must be one
+    grads = _backward(g, loss, candidates, strict=False, probe_wrt=())[1]
     return [p for p in candidates if grads.get(p)]
 
 
-def _backward(graph: Graph, loss: str, wrt: list[str], strict: bool = True) -> tuple[_Walk, dict[str, list[str]]]:
+def _backward(graph: Graph, loss: str, wrt: list[str], strict: bool = True,
+              probe_wrt=None) -> tuple[_Walk, dict[str, list[str]]]:
     """Walk ``graph`` backwards from ``loss``: (the walk with its emitted nodes, gradient parts per value).
-    ``strict``: a node on the way without a gradient rule is an error (else its inputs get no gradient)."""
-    types = _probe_types(graph, wrt)
+    ``strict``: a node on the way without a gradient rule is an error (else its inputs get no gradient);
+    ``probe_wrt``: the initializers planned as inputs when typing the graph (default ``wrt``)."""
+    probe_wrt = wrt if probe_wrt is None else probe_wrt
+    types = _probe_types(graph, probe_wrt)
     # values that depend on a parameter (forward reachability) and lead to the loss (backward reachability)
     depends = set(wrt)
     for n in graph.nodes:
@@ -212,7 +216,7 @@ def _backward(graph: Graph, loss: str, wrt: list[str], strict: bool = True) -> t
             depends.update(o for o in n.outputs if o)
     if loss not in depends:
         raise UnsupportedOpError(f"loss '{loss}' does not depend on any of the parameters {sorted(wrt)}")
-    walk = _Walk(graph, _shape_free_constants(graph, wrt))
+    walk = _Walk(graph, _shape_free_constants(graph, probe_wrt))
     seed = f"{loss}_grad"
     loss_type = types[loss]
     if loss_type.size == 1:     # a scalar (or [1]) loss: a constant seed, as onnxruntime writes it

@@ -15,6 +15,9 @@ LOSSES = {"crossentropy": "CrossEntropyLoss", "mse": "MSELoss", "bcewithlogits":
 OPTIMIZERS = {"adamw": "AdamW", "sgd": "SGD"}
 ARTIFACT_FILES = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint")
 RUN_FOLDER = "run"      # where `edgetrain train` keeps its checkpoints by default
+# inputs that hold statistics, not weights: frozen by default even where a gradient could reach them
+# (an inference-mode BatchNormalization differentiates its running mean and variance)
+BUFFER_INPUTS = {("", "BatchNormalization"): (3, 4), ("com.microsoft", "BatchNormInternal"): (3, 4)}
 
 
 def add_arguments(p):
@@ -34,6 +37,12 @@ def add_arguments(p):
 
 def trainable_initializers(graph) -> list[str]:
     return [name for name, a in graph.initializers.items() if a.dtype.kind == "f"]
+
+
+def statistics_buffers(graph) -> set[str]:
+    """Initializers fed to an input that holds statistics (BatchNorm's running mean and variance)."""
+    return {n.inputs[i] for n in graph.nodes for i in BUFFER_INPUTS.get((n.domain, n.op_type), ())
+            if i < len(n.inputs) and n.inputs[i] in graph.initializers}
 
 
 def _check_output(out: Path, overwrite: bool) -> Path | None:
@@ -72,13 +81,17 @@ def run(args) -> int:
     unknown = sorted(set((args.requires_grad or []) + args.frozen) - set(graph.initializers))
     if unknown:
         raise InputError(f"{unknown} are not initializers of {args.model}; it has {sorted(graph.initializers)}")
-    auto_frozen = []
+    auto_frozen, constants = [], []
     if args.requires_grad:
         requires_grad = list(args.requires_grad)
     else:
         candidates = [n for n in trainable_initializers(graph) if n not in args.frozen]
-        requires_grad = params_with_gradient(graph, candidates)
-        auto_frozen = [n for n in candidates if n not in requires_grad]
+        buffers = statistics_buffers(graph)
+        requires_grad = params_with_gradient(graph, [n for n in candidates if n not in buffers])
+        # statistics become frozen parameters (training updates them); other values without a gradient
+        # (Dropout ratios, shape constants) stay constants of the models, as planning needs them
+        auto_frozen = [n for n in candidates if n in buffers]
+        constants = [n for n in candidates if n not in buffers and n not in requires_grad]
     if not requires_grad:
         raise InputError(f"no initializer of {args.model} gets a gradient: nothing to train")
     loss = artifacts.LossType[LOSSES[args.loss]]
@@ -94,7 +107,8 @@ def run(args) -> int:
         old_run.rename(kept)
         print(f"the trained run in {old_run} no longer matches these models: kept as {kept}")
     print(f"wrote {', '.join(n for n in ARTIFACT_FILES if (out / n).is_file())} to {out}")
-    frozen = len(graph.initializers) - len(requires_grad)
-    print(f"trainable: {len(requires_grad)} initializers; frozen: {frozen}"
-          + (f" (no gradient, frozen automatically: {', '.join(auto_frozen)})" if auto_frozen else ""))
+    print(f"trainable: {len(requires_grad)} initializers; frozen: {len(args.frozen) + len(auto_frozen)}"
+          + (f" (statistics, frozen automatically: {', '.join(auto_frozen)})" if auto_frozen else "")
+          + f"; constants: {len(graph.initializers) - len(requires_grad) - len(args.frozen) - len(auto_frozen)}"
+          + (f" (no gradient reaches them: {', '.join(constants)})" if constants else ""))
     return 0

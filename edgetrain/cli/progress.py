@@ -44,12 +44,22 @@ class CompileWatcher:
     figures are about training. Without Numba (the trimmed runtime) nothing ever compiles."""
 
     def __init__(self, progress: Progress):
-        self.progress, self.count, self.seconds = progress, 0, 0.0
-        self._depth, self._t0 = 0, 0.0
+        self.progress, self.count, self.seconds, self.setup_seconds = progress, 0, 0.0, 0.0
+        self._depth, self._t0, self._setup = 0, 0.0, time.perf_counter()
 
     def clock(self) -> float:
-        """``time.perf_counter()`` minus the compile time so far."""
+        """``time.perf_counter()`` minus the compile time so far (and the setup step, once ``setup_done``)."""
         return time.perf_counter() - self.seconds - (time.perf_counter() - self._t0 if self._depth else 0.0)
+
+    def start(self) -> None:
+        """Mark the start of the first step, which plans the model and compiles or loads its kernels."""
+        self._setup = time.perf_counter()
+
+    def setup_done(self) -> float:
+        """The first step is over: its whole time counts as setup (kept out of the clock); returns it."""
+        took = time.perf_counter() - self._setup
+        self.setup_seconds, self.seconds = took, max(self.seconds, took)
+        return took
 
     def on_start(self, event) -> None:
         if self._depth == 0:      # kernels compile the helpers they inline: count the outermost only
@@ -88,8 +98,8 @@ class CompileWatcher:
             event.unregister("numba:compile", listener)
 
     def summary(self) -> str:
-        return f"compiled {self.count} kernels in {self.seconds:.1f} s (cached: later runs load them)" \
-            if self.count else ""
+        what = f"planning and compiling {self.count} kernels (cached for later runs)" if self.count else "planning"
+        return f"first step {self.setup_seconds:.1f} s: {what}"
 
 
 class Interrupt:

@@ -242,6 +242,8 @@ def run(args) -> int:
     position = {"epoch": epoch0, "step": skip}
 
     def on_step(info) -> None:           # called once the step, its optimizer update included, is done
+        if not compiles.setup_seconds:
+            compiles.setup_done()
         position.update(epoch=info.epoch, step=info.step)
         progress.step(info)
         log.add(kind="step", epoch=info.epoch + 1, step=info.step, global_step=info.epoch * steps_per_epoch
@@ -254,6 +256,7 @@ def run(args) -> int:
     print(f"training {n} samples, batch {args.batch_size}, {steps_per_epoch} steps per epoch"
           + (f", resuming at epoch {epoch0 + 1} step {skip + 1}" if args.resume else ""))
     with interrupt.installed(), compiles.watching():
+        compiles.start()
         try:
             for epoch in range(epoch0, args.epochs):
                 start = compiles.clock()
@@ -270,7 +273,7 @@ def run(args) -> int:
                     text += "".join(f", eval {k.replace('_', ' ')} {v:.4f}" for k, v in metrics.items()
                                     if k != "samples")
                     record.update({f"eval_{k}": v for k, v in metrics.items() if k != "samples"})
-                if compiles.count and epoch == epoch0:
+                if epoch == epoch0:
                     text += f" ({compiles.summary()})"
                 progress.epoch(epoch, text)
                 log.add(**record)
