@@ -77,6 +77,8 @@ class StepReport:
     kernel_ms: float = 0.0           # sum of the per-call medians
     kernel_times: list[KernelTime] = field(default_factory=list)
     by_op: dict[str, float] = field(default_factory=dict)    # step label -> ms, largest first
+    n_steps: int = 0                 # steps of the plan (kernel calls and views)
+    buffers: list[dict] = field(default_factory=list)        # arena buffers: name, offset, bytes, start, end
 
     @property
     def state_bytes(self) -> int:
@@ -233,9 +235,12 @@ def _step_report(kind: str, model: str, prog, store, moments) -> StepReport:
     plan = prog.plan
     step, live, rows = peak_tensors(plan)
     consts = sum(np.asarray(c).nbytes for c in plan.spec.consts.values())
+    buffers = [{"name": b.name, "offset": b.offset, "bytes": b.nbytes, "start": b.start, "end": b.end}
+               for b in plan.memory.buffers if b.offset >= 0]
     return StepReport(kind, model, plan.arena_bytes, plan.naive_bytes, consts, _state_bound(kind, plan, store,
                       moments), plan.n_kernels, plan.n_ops, step, live,
-                      [{"name": n, "type": t, "bytes": b} for n, t, b in rows])
+                      [{"name": n, "type": t, "bytes": b} for n, t, b in rows], n_steps=len(plan.steps),
+                      buffers=buffers)
 
 
 def _store_state(store) -> dict[str, int]:

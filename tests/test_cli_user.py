@@ -316,3 +316,34 @@ def test_train_writes_a_metrics_log(digits, tmp_path):
     # the epoch's train loss is the batch-size-weighted mean of its step losses
     sizes = [32] * 6 + [200 - 6 * 32]
     assert epochs[0]["train_loss"] == pytest.approx(np.average([r["loss"] for r in steps[:7]], weights=sizes))
+
+
+def test_train_draws_its_curves_where_matplotlib_is_installed(digits, tmp_path):
+    out = tmp_path / "run"
+    ok(cli("train", digits / "art", "--data", digits / "train.npz", "--eval-data", digits / "test.npz", "-o", out,
+           "--no-progress"))
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_draws_a_memory_timeline(tmp_path, shared):
+    """One box per arena buffer of each kind of step, placed by its planned offset; names escaped."""
+    import xml.etree.ElementTree as ET
+
+    m = onnx.load(shared / "models" / "digits.onnx")
+    hostile = "<script>alert(1)</script>"
+    renames = {m.graph.node[0].output[0]: hostile}
+    for node in m.graph.node:
+        node.input[:] = [renames.get(i, i) for i in node.input]
+        node.output[:] = [renames.get(o, o) for o in node.output]
+    onnx.save(m, tmp_path / "m.onnx")
+    ok(cli("artifacts", tmp_path / "m.onnx", "-o", tmp_path / "art"))
+    ok(cli("profile", tmp_path / "art", "--batch-size", "8", "--steps", "2", "--timeline", tmp_path / "t.svg"))
+    text = (tmp_path / "t.svg").read_text()
+    assert "<script>" not in text and "&lt;script&gt;" in text
+    root = ET.fromstring(text)
+    ns = "{http://www.w3.org/2000/svg}"
+    panels = root.findall(f"{ns}g")
+    assert len(panels) == 3                                          # train, eval, optimizer
+    titles = [t.text for t in root.iter(f"{ns}title")]
+    assert any(hostile in t for t in titles)                         # the name survives, as text
+    refused(cli("profile", tmp_path / "art", "--timeline", tmp_path / "t.png"), "name an .svg or .html file")

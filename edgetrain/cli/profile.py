@@ -45,11 +45,16 @@ def add_arguments(p):
                         "planned total is over it")
     p.add_argument("--top", type=int, default=10, help="kernels listed per step (default 10)")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.add_argument("--timeline", metavar="FILE", help="also draw the arena's buffers over the steps of each kind "
+                                                      "of step, as FILE.svg or FILE.html")
 
 
 def run(args) -> int:
+    from ..errors import InputError
     from ..profiling import profile_artifacts
 
+    if args.timeline and not args.timeline.endswith((".svg", ".html")):
+        raise InputError(f"--timeline {args.timeline}: name an .svg or .html file")
     report = profile_artifacts(args.artifacts, batch_size=args.batch_size, steps=args.steps, data=args.data,
                                max_memory=args.max_memory)
     if args.json:
@@ -57,4 +62,11 @@ def run(args) -> int:
         sys.stdout.write("\n")
     else:
         print(report.table(args.top))
+    if args.timeline:
+        from .. import timeline
+        from ..atomic import write_atomic
+
+        draw = timeline.html if args.timeline.endswith(".html") else timeline.svg
+        write_atomic(args.timeline, draw(report).encode())
+        print(f"memory timeline: {args.timeline}", file=sys.stderr)
     return 0
