@@ -6,6 +6,7 @@ on first call and are cached on disk (``cache=True``), so a warm process compile
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 from edgetrain import config
 
@@ -48,3 +49,24 @@ def compile_stats() -> dict[str, int]:
 
 def set_num_threads(n: int):
     numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+@contextmanager
+def compile_listener(on_start, on_end):
+    """Call ``on_start()`` / ``on_end()`` around every kernel Numba compiles (loads from the disk cache are not
+    compiles) while the context is open."""
+    from numba.core import event
+
+    class Listener(event.Listener):
+        def on_start(self, e):
+            on_start()
+
+        def on_end(self, e):
+            on_end()
+
+    listener = Listener()
+    event.register("numba:compile", listener)
+    try:
+        yield
+    finally:
+        event.unregister("numba:compile", listener)

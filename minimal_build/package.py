@@ -33,7 +33,9 @@ from .. import __version__
 from ..errors import EdgetrainError
 
 # The device side: these modules of ``edgetrain`` and everything they import at module level (import_closure).
-DEVICE_ROOTS = ("__init__.py", "api.py", "compact.py", "trainer.py")
+DEVICE_ROOTS = ("__init__.py", "__main__.py", "api.py", "compact.py", "trainer.py")
+# the command line's device commands (train, eval): `edgetrain` on the board; the host commands stay behind
+DEVICE_CLI = ("__init__.py", "train.py", "eval.py", "progress.py")
 BLOCKED = ("numba", "llvmlite", "onnx", "google.protobuf", "psutil")   # the trimmed runtime imports none of them
 
 # module -> (top-level names whose definitions are cut, code appended in their place)
@@ -41,6 +43,9 @@ REPLACED = {
     "codegen/__init__.py": (("_LOADED", "load"), (
         "\n\n# trimmed runtime: fused loops were compiled ahead of time when the build ran them\n"
         "from ..kernels._jit import load_generated as load  # noqa: E402\n")),
+    "cli/__init__.py": (("COMMANDS",), (
+        "\n\n# trimmed runtime: the device commands (the host's make artifacts, reduce, profile, export, ...)\n"
+        "COMMANDS = (\"eval\", \"train\")\n")),
     "ops/__init__.py": ((), (
         "\n\n# trimmed runtime: only the ops of the artifacts the build was made from\n"
         "from ..trimmed import guard_lookup as _guard_lookup  # noqa: E402\n"
@@ -173,11 +178,15 @@ def assemble(out_dir: Path, so_file: Path, manifest_file: Path, families: list[s
         shutil.rmtree(target)
     target.mkdir(parents=True)
     modules, packages = import_closure(package)
+    packages = [p for p in packages if p != "cli"]          # its device commands only (DEVICE_CLI, below)
     for name in modules:
         shutil.copy2(package / name, target / name)
     for name in packages:
         shutil.copytree(package / name, target / name,
                         ignore=lambda d, names: [n for n in names if n == "__pycache__" or n.endswith(".pyc")])
+    (target / "cli").mkdir(exist_ok=True)
+    for name in DEVICE_CLI:
+        shutil.copy2(package / "cli" / name, target / "cli" / name)
     for rel, (names, text) in REPLACED.items():
         path = target / rel
         path.write_text(drop_definitions(path.read_text(), names, str(package / rel)) + text)
@@ -234,6 +243,9 @@ description = "edgetrain's device-side runtime with ahead-of-time compiled kerne
 requires-python = "=={sys.version_info.major}.{sys.version_info.minor}.*"
 dependencies = [{deps}]
 
+[project.scripts]
+edgetrain = "edgetrain.cli:main"
+
 [tool.setuptools]
 packages = [{packages}]
 
@@ -273,7 +285,9 @@ def write_wheel(target: Path, dist_dir: Path) -> Path:
                           f"Requires-Python: =={sys.version_info.major}.{sys.version_info.minor}.*"]
                          + [f"Requires-Dist: {r}" for r in requirements()]) + "\n"
     wheel = f"Wheel-Version: 1.0\nGenerator: edgetrain.minimal_build\nRoot-Is-Purelib: false\nTag: {tag}\n"
-    files += [(f"{info}/METADATA", metadata.encode()), (f"{info}/WHEEL", wheel.encode())]
+    scripts = "[console_scripts]\nedgetrain = edgetrain.cli:main\n"
+    files += [(f"{info}/METADATA", metadata.encode()), (f"{info}/WHEEL", wheel.encode()),
+              (f"{info}/entry_points.txt", scripts.encode())]
     record = [_record_line(n, d) for n, d in files] + [f"{info}/RECORD,,"]
     files.append((f"{info}/RECORD", ("\n".join(record) + "\n").encode()))
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:

@@ -160,8 +160,27 @@ def test_the_package_depends_on_numpy_and_flatbuffers_only(digits_build):
     sources = [p.read_text() for p in (site / "edgetrain").rglob("*.py")]
     assert not any(line.lstrip().startswith(("import numba", "from numba", "import onnx", "from onnx"))
                    for s in sources for line in s.splitlines())
-    for host_only in ("onnx_io.py", "autodiff", "onnxblock", "cli", "minimal_build", "artifacts.py"):
+    for host_only in ("onnx_io.py", "autodiff", "onnxblock", "cli/artifacts.py", "cli/reduce.py", "minimal_build",
+                      "artifacts.py"):
         assert not (site / "edgetrain" / host_only).exists(), host_only
+
+
+def test_the_wheel_has_the_edgetrain_command_for_train_and_eval(digits_build, tmp_path):
+    b, site, art = digits_build
+    with zipfile.ZipFile(b.wheel) as z:
+        scripts = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt"))).decode()
+    assert "edgetrain = edgetrain.cli:main" in scripts
+    (x, y), _ = digits_split()
+    np.savez(tmp_path / "d.npz", input=x[:96], labels=y[:96])
+    cli = "import sys\nfrom edgetrain.cli import main\nsys.exit(main(sys.argv[1:]))"
+    out = _run_trimmed(site, cli, "train", art, "--data", tmp_path / "d.npz", "-o", tmp_path / "run",
+                       "--epochs", "2", "--no-progress")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "epoch 2/2: train loss" in out.stdout
+    out = _run_trimmed(site, cli, "eval", art, "--data", tmp_path / "d.npz", "--checkpoint", tmp_path / "run" / "checkpoint")
+    assert out.returncode == 0 and "eval loss" in out.stdout, out.stderr[-3000:]
+    out = _run_trimmed(site, cli, "artifacts", "--help")
+    assert out.returncode == 2 and "invalid choice: 'artifacts'" in out.stderr      # host commands stay behind
 
 
 def test_the_folder_installs_with_pip(digits_build, tmp_path):

@@ -22,7 +22,14 @@ class DefaultsHelp(argparse.HelpFormatter):
 
 
 def _module(name: str):
-    return importlib.import_module(f"edgetrain.cli.{name}")
+    """The command's module, or None where this installation leaves it out (the trimmed runtime has the device
+    commands train and eval only)."""
+    try:
+        return importlib.import_module(f"edgetrain.cli.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"edgetrain.cli.{name}":
+            raise
+        return None
 
 
 def main(argv=None) -> int:
@@ -33,6 +40,8 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         mod = _module(name)
+        if mod is None:
+            continue
         p = sub.add_parser(name, help=mod.__doc__.strip().splitlines()[0], description=mod.__doc__,
                            formatter_class=DefaultsHelp)
         mod.add_arguments(p)

@@ -76,26 +76,10 @@ class CompileWatcher:
 
     @contextmanager
     def watching(self):
-        try:
-            from numba.core import event
-        except ImportError:
+        from ..kernels import _jit
+
+        with _jit.compile_listener(lambda: self.on_start(None), lambda: self.on_end(None)):
             yield self
-            return
-        watcher = self
-
-        class Forward(event.Listener):
-            def on_start(self, e):
-                watcher.on_start(e)
-
-            def on_end(self, e):
-                watcher.on_end(e)
-
-        listener = Forward()
-        event.register("numba:compile", listener)
-        try:
-            yield self
-        finally:
-            event.unregister("numba:compile", listener)
 
     def summary(self) -> str:
         what = f"planning and compiling {self.count} kernels (cached for later runs)" if self.count else "planning"
