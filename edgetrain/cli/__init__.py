@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-COMMANDS = ("artifacts", "demo", "eval", "export", "plan", "profile", "reduce", "train")
+COMMANDS = ("artifacts", "demo", "eval", "export", "ops", "plan", "profile", "reduce", "train")
 
 
 class DefaultsHelp(argparse.HelpFormatter):
@@ -57,6 +58,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("edgetrain: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:          # `edgetrain ops | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

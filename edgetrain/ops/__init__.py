@@ -30,6 +30,26 @@ def supported_ops() -> list[str]:
     return [f"{d}::{o}" if d else o for d, o in OP_TABLE]
 
 
+# near alternatives for ops users meet that the table lacks: what to export instead
+ALTERNATIVES = {
+    ("", "Gelu"): "Gelu from com.microsoft is supported: export with the erf form (torch's default GELU, "
+                  "opset <= 19) or replace it by 0.5 * x * (1 + Erf(x / sqrt(2)))",
+    ("", "Einsum"): "export the contraction as MatMul/Transpose (e.g. torch.matmul instead of torch.einsum)",
+    ("", "NegativeLogLikelihoodLoss"): "use SoftmaxCrossEntropyLoss (the CrossEntropy loss of edgetrain.artifacts)",
+    ("", "Range"): "compute the range outside the model and pass it as an input or an initializer",
+    ("", "Trilu"): "pass the mask as an initializer (a causal mask is a constant for a fixed sequence length)",
+}
+
+
+def _alternative(node: Node) -> str:
+    hint = ALTERNATIVES.get((node.domain, node.op_type))
+    if hint is None:
+        same_name = [d or "ai.onnx" for d, o in OP_TABLE if o == node.op_type]
+        if same_name:
+            hint = f"{node.op_type} from {', '.join(same_name)} is supported"
+    return f"; {hint}" if hint else ""
+
+
 def check_attributes(graph: Graph) -> Graph:
     """Check every attribute of the graph's nodes against its op's schema and make it canonical
     (``edgetrain.ops.attrs``); return the graph. Nodes of ops outside the table keep theirs: planning refuses
@@ -52,7 +72,8 @@ def lookup(node: Node, opset: int) -> OpDef:
     if op is None:
         domain = node.domain or "ai.onnx"
         raise UnsupportedOpError(f"{node}: op '{node.op_type}' of domain '{domain}' (opset {opset}) is not "
-                                 f"supported; supported ops: {', '.join(supported_ops())}")
+                                 f"supported{_alternative(node)}. `edgetrain ops` lists the {len(OP_TABLE)} "
+                                 "supported ops, their opsets and which have gradients")
     return op
 
 

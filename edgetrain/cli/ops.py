@@ -1,0 +1,29 @@
+"""List the ops edgetrain runs: domain, the ONNX definition (since-version) it implements, element types, and
+whether it has a gradient rule (can be trained through)."""
+from __future__ import annotations
+
+
+def add_arguments(p):
+    p.add_argument("--domain", help="only this domain (ai.onnx, com.microsoft, ai.edgetrain)")
+    p.add_argument("--gradients", action="store_true", help="only ops with a gradient rule")
+
+
+def run(args) -> int:
+    from ..ir.dtypes import ORT_TYPE_NAME
+    from ..ops import OP_TABLE
+
+    rows = []
+    for (domain, name), op in OP_TABLE.items():
+        domain = domain or "ai.onnx"
+        if (args.domain and domain != args.domain) or (args.gradients and op.vjp is None):
+            continue
+        kind = "yes" if op.vjp is not None else ("training op" if domain != "ai.onnx" or name.endswith("Grad")
+                                                 else "no")
+        types = ", ".join(ORT_TYPE_NAME.get(d, str(d)) for d in op.dtypes) if op.type_input is not None else "any"
+        rows.append((name, domain, str(op.since), kind, types))
+    widths = [max(len(r[k]) for r in rows + [("op", "domain", "since", "gradient", "types")]) for k in range(4)]
+    print(f"{'op':{widths[0]}}  {'domain':{widths[1]}}  {'since':{widths[2]}}  {'gradient':{widths[3]}}  types")
+    for r in rows:
+        print(f"{r[0]:{widths[0]}}  {r[1]:{widths[1]}}  {r[2]:{widths[2]}}  {r[3]:{widths[3]}}  {r[4]}")
+    print(f"{len(rows)} ops; models load at ai.onnx opsets 13-21")
+    return 0
