@@ -339,8 +339,15 @@ def _global(kernel, ctx):
     return run
 
 
+def _fill_nan(x, y):
+    y.fill(np.nan)
+
+
 def global_average_pool(ctx):
-    """Launcher: ``run(X, Y)``."""
+    """Launcher: ``run(X, Y)``. Over an empty spatial extent Y is NaN, a mean of nothing (the ONNX reference's
+    answer; the shape rule refuses GlobalMaxPool there)."""
+    if 0 in ctx.shape(0)[2:]:
+        return _fill_nan
     return _global(_global_average, ctx)
 
 
