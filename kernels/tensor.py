@@ -54,7 +54,7 @@ def gather(ctx):
     size = data[axis]
     outer, inner = int(np.prod(data[:axis], dtype=np.int64)), int(np.prod(data[axis + 1:], dtype=np.int64))
     n = ctx.type(1).size
-    allowed = f"an index in [-{size}, {size}) (axis {axis} of data {list(data)})"
+    allowed = f"an index in [{-size}, {size}) (axis {axis} of data {list(data)})"
 
     def run(x, idx, y):
         bad = _gather(x.reshape(outer, size, inner), idx.reshape(n), y.reshape(outer, n, inner))
@@ -85,7 +85,7 @@ def gather_grad(ctx):
     size = data[axis]
     outer, inner = int(np.prod(data[:axis], dtype=np.int64)), int(np.prod(data[axis + 1:], dtype=np.int64))
     n = ctx.type(1).size
-    allowed = f"an index in [-{size}, {size}) (axis {axis} of shape {list(data)})"
+    allowed = f"an index in [{-size}, {size}) (axis {axis} of shape {list(data)})"
 
     def run(_shape, idx, dy, dx):
         bad = _gather_grad(dy.reshape(outer, n, inner), idx.reshape(n), dx.reshape(outer, size, inner))
