@@ -251,7 +251,7 @@ def _sce(x, labels, weights, has_weights, has_ignore, ignore, reduction, loss, l
     if reduction == 1:
         loss[0] = total
     elif reduction == 2:
-        loss[0] = total / wsum if wsum != 0.0 else math.nan  # all ignored (or weights 0): 0 / 0, as onnxruntime
+        loss[0] = np.divide(total, wsum)   # IEEE: weights summing to 0 (all ignored) give NaN or inf, as numpy
     return -1
 
 
@@ -299,7 +299,7 @@ def _sce_grad(dy, log_prob, labels, weights, has_weights, has_ignore, ignore, re
             w = np.float64(weights[lab]) if has_weights else 1.0
             scale = w * (dy[i * d + j] if reduction == 0 else dy[0])
             if reduction == 2:
-                scale = scale / wsum if wsum != 0.0 else math.nan   # weights summing to 0: 0 / 0, as onnxruntime
+                scale = np.divide(scale, wsum)   # weights summing to 0: NaN or inf (Numba's / would raise)
             for k in range(c):
                 dx[i, k, j] = (math.exp(log_prob[i, k, j]) - (1.0 if k == lab else 0.0)) * scale
     return -1
