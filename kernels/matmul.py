@@ -12,12 +12,17 @@ def _flattens(ctx, trans_a: int = 0) -> bool:
     return not trans_a and len(a) > 2 and len(b) == 2
 
 
+def _rows(shape) -> int:
+    """Rows of an N-D operand flattened to 2-D (explicit: ``reshape(-1, 0)`` is ambiguous when K = 0)."""
+    return int(np.prod(shape[:-1], dtype=np.int64))
+
+
 def matmul(ctx):
     if _flattens(ctx):
-        k, n = ctx.shape(0)[-1], ctx.shape(1)[-1]
+        rows, k, n = _rows(ctx.shape(0)), ctx.shape(0)[-1], ctx.shape(1)[-1]
 
         def run(a, b, y):
-            np.matmul(a.reshape(-1, k), b, out=y.reshape(-1, n))
+            np.matmul(a.reshape(rows, k), b, out=y.reshape(rows, n))
         return run
 
     def run(a, b, y):
@@ -29,12 +34,12 @@ def fused_matmul(ctx):
     trans_a, trans_b = ctx.attr("transA"), ctx.attr("transB")
     alpha = ctx.attr("alpha")
     flatten = _flattens(ctx, trans_a)
-    k = ctx.shape(0)[-1]
+    rows, k = _rows(ctx.shape(0)), ctx.shape(0)[-1]
 
     def run(a, b, y):
         # transA / transB swap the last two dims; a 1-D operand has nothing to swap (as the shape rule says)
         if flatten:
-            a, y = a.reshape(-1, k), y.reshape(-1, y.shape[-1])
+            a, y = a.reshape(rows, k), y.reshape(rows, y.shape[-1])
         np.matmul(a.swapaxes(-1, -2) if trans_a and a.ndim >= 2 else a,
                   b.swapaxes(-1, -2) if trans_b and b.ndim >= 2 else b, out=y)
         if alpha != 1.0:

@@ -32,7 +32,7 @@ def _ncx(shape) -> tuple[int, int, int]:
 
 
 def _noop(*args):
-    """Empty tensors: nothing to compute (and no statistics to divide by zero)."""
+    """Empty outputs: nothing to compute."""
 
 
 def _output_slot(ctx, k: int) -> int:
@@ -47,6 +47,9 @@ def _output_slot(ctx, k: int) -> int:
 def _row_stats(x, eps, stats):
     """stats[r] = (mean, 1 / sqrt(var + eps)) of each row of x [rows, n] (biased variance)."""
     rows, n = x.shape
+    if n == 0:       # a mean of nothing is NaN (the ONNX reference's answer), and so is 1 / sqrt(NaN + eps)
+        stats[:, :] = math.nan
+        return
     for r in range(rows):
         s = np.float64(0.0)   # float64 without the JIT too (numpy: 0.0 + float32 is float32)
         for k in range(n):
@@ -65,6 +68,9 @@ def _channel_stats(x, stats):
     """stats[c] = (mean, biased var) of x[:, c, :] for x [N, C, inner]."""
     n, c, inner = x.shape
     count = n * inner
+    if count == 0:   # an empty batch: NaN statistics, as the ONNX reference and onnxruntime give
+        stats[:, :] = math.nan
+        return
     for ch in range(c):
         s = np.float64(0.0)   # float64 without the JIT too (numpy: 0.0 + float32 is float32)
         for i in range(n):
@@ -232,8 +238,8 @@ def batch_norm(ctx):
     momentum = ctx.attr("momentum")
     training = bn_training_mode(ctx)
     dummy = np.empty(c, ctx.type(3).dtype)
-    if n * c * inner == 0:
-        return _noop
+    if c == 0 or (not training and n * inner == 0):
+        return _noop     # nothing to write (an empty batch in training mode still has running statistics)
 
     if not training:
         def run(x, scale, b, mean, var, y, *_):
@@ -266,8 +272,8 @@ def layer_norm(ctx):
     eps = ctx.attr("epsilon")
     has_bias = ctx.has_input(2)
     stash_dtype(ctx)
-    if rows * n == 0:
-        return _noop
+    if rows == 0:
+        return _noop     # (n == 0 still has Mean and InvStdDev to write: NaN)
 
     y_at, mean_at, inv_at = (_output_slot(ctx, k) for k in range(3))
     b_at = 2 if has_bias else 1   # without B, pass Scale again (unused)

@@ -297,19 +297,17 @@ def _average_pool_grad(dy, dx, ranges, counts, kh, sh, sw, dh, ph):
 
 
 def max_pool_grad(ctx):
-    """Launcher: ``run(dY, Indices, dX)``."""
+    """Launcher: ``run(dY, Indices, dX)``; an index outside [0, dX's size) other than -1 raises InputError."""
     x = ctx.out(0).shape
     h, w = (x[2], x[3]) if len(x) == 4 else (1, x[2])
     col_major = ctx.attr("storage_order")
     size = int(np.prod(x, dtype=np.int64))
+    allowed = f"a flat position in dX of shape {list(x)}, in [0, {size}), or -1"
 
     def run(dy, idx, dx):
         bad = _max_pool_grad(dy.reshape(-1), idx.reshape(-1), dx.reshape(-1), h, w, col_major)
         if bad >= 0:
-            where = tuple(map(int, np.unravel_index(bad, idx.shape)))
-            value = int(idx.reshape(-1)[bad])
-            raise IndexError(f"{ctx.node}: Indices{list(where)} = {value} is out of range [0, {size}) "
-                             f"for dX of shape {x}")
+            raise ctx.bad_value(1, idx, bad, allowed)
     return run
 
 
@@ -341,8 +339,15 @@ def _global(kernel, ctx):
     return run
 
 
+def _fill_nan(x, y):
+    y.fill(np.nan)
+
+
 def global_average_pool(ctx):
-    """Launcher: ``run(X, Y)``."""
+    """Launcher: ``run(X, Y)``. Over an empty spatial extent Y is NaN, a mean of nothing (the ONNX reference's
+    answer; the shape rule refuses GlobalMaxPool there)."""
+    if 0 in ctx.shape(0)[2:]:
+        return _fill_nan
     return _global(_global_average, ctx)
 
 

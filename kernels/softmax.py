@@ -187,17 +187,21 @@ def _sce_config(ctx, scores_input: int):
     return n, c, d, REDUCTIONS.index(sce_reduction(ctx)), ignore is not None, int(ignore or 0)
 
 
+def _labels_allowed(c: int, has_ignore: bool, ignore: int) -> str:
+    return f"a class index in [0, {c})" + (f" nor ignore_index {ignore}" if has_ignore else "")
+
+
 def softmax_cross_entropy(ctx):
     """log_prob = LogSoftmax(scores, axis=1); loss[i, d] = -log_prob[i, label, d] * w[label] (0 where
-    label == ignore_index), then summed, or divided by the sum of the weights of the non-ignored samples."""
-    shape = ctx.shape(0)
+    label == ignore_index), then summed, or divided by the sum of the weights of the non-ignored samples.
+    A label outside [0, C) (other than ignore_index) raises InputError."""
     n, c, d, reduction, has_ignore, ignore = _sce_config(ctx, 0)
     has_weights = ctx.has_input(2)
     n_in = len(ctx.node.inputs)
     want_log_prob = len(ctx.node.outputs) > 1 and bool(ctx.node.outputs[1])
     dummy_lp = np.empty((1, 1, 1), ctx.type(0).dtype)
     dummy_w = np.ones(1, ctx.type(0).dtype)
-    label_shape = (n,) + tuple(shape[2:])
+    allowed = _labels_allowed(c, has_ignore, ignore)
 
     def run(*args):
         scores, labels = args[0], args[1]
@@ -207,25 +211,23 @@ def softmax_cross_entropy(ctx):
         bad = _sce(scores.reshape(n, c, d), labels.reshape(n, d), weights, has_weights, has_ignore, ignore,
                    reduction, loss.reshape(-1), log_prob, want_log_prob)
         if bad >= 0:
-            where = np.unravel_index(bad, label_shape)
-            raise IndexError(f"{ctx.node}: label {int(labels.reshape(-1)[bad])} at index {tuple(map(int, where))} "
-                             f"is out of range [0, {c})" + (f" and is not ignore_index {ignore}" if has_ignore else ""))
+            raise ctx.bad_value(1, labels, bad, allowed)
     return run
 
 
 @jit
 def _sce(x, labels, weights, has_weights, has_ignore, ignore, reduction, loss, log_prob, want_log_prob):
-    """Returns the flat index of the first out-of-range label, or -1."""
+    """Returns -1, or the flat index of the first label outside [0, c) that is not ignore_index (checked before
+    it indexes ``x`` or ``weights``; the outputs are then incomplete)."""
     n, c, d = x.shape
-    for i in range(n):
-        for j in range(d):
-            lab = labels[i, j]
-            if (lab < 0 or lab >= c) and not (has_ignore and lab == ignore):
-                return i * d + j
     total = np.float64(0.0)
     wsum = np.float64(0.0)
     for i in range(n):
         for j in range(d):
+            lab = labels[i, j]
+            ignored = has_ignore and lab == ignore
+            if not ignored and (lab < 0 or lab >= c):
+                return i * d + j
             m = np.float64(x[i, 0, j])   # float64 without the JIT too (numpy: float32 - 0.5 is float32)
             for k in range(1, c):
                 if x[i, k, j] > m:
@@ -237,10 +239,9 @@ def _sce(x, labels, weights, has_weights, has_ignore, ignore, reduction, loss, l
             if want_log_prob:
                 for k in range(c):
                     log_prob[i, k, j] = (x[i, k, j] - m) - ls
-            lab = labels[i, j]
             li = 0.0
             w = 0.0
-            if not (has_ignore and lab == ignore):
+            if not ignored:
                 w = weights[lab] if has_weights else 1.0
                 li = -((x[i, lab, j] - m) - ls) * w
             if reduction == 0:
@@ -250,26 +251,32 @@ def _sce(x, labels, weights, has_weights, has_ignore, ignore, reduction, loss, l
     if reduction == 1:
         loss[0] = total
     elif reduction == 2:
-        loss[0] = total / wsum if wsum != 0.0 else math.nan  # all ignored: 0 / 0, as onnxruntime
+        loss[0] = np.divide(total, wsum)   # IEEE: weights summing to 0 (all ignored) give NaN or inf, as numpy
     return -1
 
 
 def softmax_cross_entropy_grad(ctx):
+    """A label outside [0, C) (other than ignore_index) raises InputError."""
     n, c, d, reduction, has_ignore, ignore = _sce_config(ctx, 1)
-    has_weights = len(ctx.node.inputs) > 3 and bool(ctx.node.inputs[3])
+    has_weights = ctx.has_input(3)
     dummy_w = np.ones(1, ctx.type(1).dtype)
     n_in = len(ctx.node.inputs)
+    allowed = _labels_allowed(c, has_ignore, ignore)
 
     def run(*args):
         dy, log_prob, labels = args[0], args[1], args[2]
         weights = args[3] if has_weights else dummy_w
-        _sce_grad(dy.reshape(-1), log_prob.reshape(n, c, d), labels.reshape(n, d), weights, has_weights,
-                  has_ignore, ignore, reduction, args[n_in].reshape(n, c, d))
+        bad = _sce_grad(dy.reshape(-1), log_prob.reshape(n, c, d), labels.reshape(n, d), weights, has_weights,
+                        has_ignore, ignore, reduction, args[n_in].reshape(n, c, d))
+        if bad >= 0:
+            raise ctx.bad_value(2, labels, bad, allowed)
     return run
 
 
 @jit
 def _sce_grad(dy, log_prob, labels, weights, has_weights, has_ignore, ignore, reduction, dx):
+    """Returns -1, or the flat index of the first label outside [0, c) that is not ignore_index (checked in the
+    first loop that reads the labels, before one indexes ``weights`` or selects a class)."""
     n, c, d = log_prob.shape
     wsum = np.float64(0.0)
     if reduction == 2:
@@ -277,6 +284,8 @@ def _sce_grad(dy, log_prob, labels, weights, has_weights, has_ignore, ignore, re
             for j in range(d):
                 lab = labels[i, j]
                 if not (has_ignore and lab == ignore):
+                    if lab < 0 or lab >= c:
+                        return i * d + j
                     wsum += weights[lab] if has_weights else 1.0
     for i in range(n):
         for j in range(d):
@@ -285,12 +294,15 @@ def _sce_grad(dy, log_prob, labels, weights, has_weights, has_ignore, ignore, re
                 for k in range(c):
                     dx[i, k, j] = 0.0
                 continue
+            if lab < 0 or lab >= c:
+                return i * d + j
             w = np.float64(weights[lab]) if has_weights else 1.0
             scale = w * (dy[i * d + j] if reduction == 0 else dy[0])
             if reduction == 2:
-                scale /= wsum
+                scale = np.divide(scale, wsum)   # weights summing to 0: NaN or inf (Numba's / would raise)
             for k in range(c):
                 dx[i, k, j] = (math.exp(log_prob[i, k, j]) - (1.0 if k == lab else 0.0)) * scale
+    return -1
 
 
 def softmax_grad(ctx):

@@ -49,62 +49,66 @@ def expand(ctx):
 
 
 def gather(ctx):
-    """Gather as rows of a [outer, size, inner] view; a bad index is reported, not wrapped."""
+    """Gather as rows of a [outer, size, inner] view; an index outside [-size, size) raises InputError."""
     data = ctx.shape(0)
     axis = ctx.attr("axis") % len(data)
     size = data[axis]
     outer, inner = int(np.prod(data[:axis], dtype=np.int64)), int(np.prod(data[axis + 1:], dtype=np.int64))
     n = ctx.type(1).size
+    allowed = f"an index in [{-size}, {size}) (axis {axis} of data {list(data)})"
 
     def run(x, idx, y):
         bad = _gather(x.reshape(outer, size, inner), idx.reshape(n), y.reshape(outer, n, inner))
         if bad >= 0:
-            raise IndexError(f"{ctx.node}: index {idx.reshape(n)[bad]} (at flat position {bad}) is out of range "
-                             f"for axis {axis} of size {size}")
+            raise ctx.bad_value(1, idx, bad, allowed)
     return run
 
 
 @jit
 def _gather(x, idx, y):
+    """y[o, k] = x[o, idx[k]]; returns -1, or the first k whose index is out of range (checked before use)."""
     size = x.shape[1]
     for k in range(idx.shape[0]):
-        if idx[k] < -size or idx[k] >= size:
+        j = idx[k]
+        if j < -size or j >= size:
             return k
-    for o in range(x.shape[0]):
-        for k in range(idx.shape[0]):
-            j = idx[k] + size if idx[k] < 0 else idx[k]
+        j = j + size if j < 0 else j
+        for o in range(x.shape[0]):
             y[o, k, :] = x[o, j, :]
     return -1
 
 
 def gather_grad(ctx):
-    """GatherGrad: zeros, then each dY row added at its index (repeated indices accumulate)."""
+    """GatherGrad: zeros, then each dY row added at its index (repeated indices accumulate); an index outside
+    [-size, size) raises InputError."""
     data = tuple(int(d) for d in ctx.const(0, "shape").reshape(-1))
     axis = ctx.attr("axis") % len(data)
     size = data[axis]
     outer, inner = int(np.prod(data[:axis], dtype=np.int64)), int(np.prod(data[axis + 1:], dtype=np.int64))
     n = ctx.type(1).size
+    allowed = f"an index in [{-size}, {size}) (axis {axis} of shape {list(data)})"
 
     def run(_shape, idx, dy, dx):
         bad = _gather_grad(dy.reshape(outer, n, inner), idx.reshape(n), dx.reshape(outer, size, inner))
         if bad >= 0:
-            raise IndexError(f"{ctx.node}: index {idx.reshape(n)[bad]} (at flat position {bad}) is out of range "
-                             f"for axis {axis} of size {size}")
+            raise ctx.bad_value(1, idx, bad, allowed)
     return run
 
 
 @jit
 def _gather_grad(dy, idx, dx):
+    """dx = 0, then dx[o, idx[k]] += dy[o, k]; returns -1, or the first k whose index is out of range."""
     size = dx.shape[1]
-    for k in range(idx.shape[0]):
-        if idx[k] < -size or idx[k] >= size:
-            return k
     for o in range(dx.shape[0]):
         for j in range(size):
             for m in range(dx.shape[2]):
                 dx[o, j, m] = 0
-        for k in range(idx.shape[0]):
-            j = idx[k] + size if idx[k] < 0 else idx[k]
+    for k in range(idx.shape[0]):
+        j = idx[k]
+        if j < -size or j >= size:
+            return k
+        j = j + size if j < 0 else j
+        for o in range(dx.shape[0]):
             for m in range(dx.shape[2]):
                 dx[o, j, m] += dy[o, k, m]
     return -1

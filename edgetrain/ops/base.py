@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import InputError, ShapeError
 from ..ir import Node, TensorType
 from ..ir.dtypes import FLOATS
 from .attrs import REQUIRED, Attr, check_attrs
@@ -144,6 +144,15 @@ class NodeContext:
 
     def out(self, i: int) -> TensorType:
         return self.out_types[i]
+
+    def bad_value(self, i: int, data: np.ndarray, position: int, allowed: str) -> InputError:
+        """The error a kernel launcher raises when the entry at flat ``position`` of input ``i`` (``data``) is
+        not ``allowed`` (an index out of range): it names the node, the input's tensor, the value and where."""
+        data = np.asarray(data)
+        value = data.reshape(-1)[position].item()
+        where = [int(k) for k in np.unravel_index(position, data.shape)]
+        return InputError(f"{self.node}: input {i} ('{self.node.inputs[i]}') holds {value} at {where}, which is "
+                          f"not {allowed}")
 
 
 def normalize_axis(ctx: NodeContext, axis: int, rank: int) -> int:

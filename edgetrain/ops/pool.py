@@ -56,6 +56,17 @@ def _global_pool(ctx: NodeContext):
     return [TensorType(ctx.type(0).dtype, x[:2] + (1,) * (len(x) - 2))]
 
 
+def _global_max_pool(ctx: NodeContext):
+    """The maximum of an empty spatial extent does not exist: refused, as the ONNX reference and onnxruntime
+    refuse it (GlobalAveragePool gives NaN there, a mean of nothing)."""
+    y = _global_pool(ctx)
+    x = ctx.shape(0)
+    if 0 in x[2:] and x[0] * x[1]:
+        raise ctx.error(f"X of shape {x} has an empty spatial extent, which has no maximum; feed at least one "
+                        "element per channel")
+    return y
+
+
 # --- gradients --------------------------------------------------------------------------------------------
 # MaxPoolGrad and AveragePoolGrad are onnxruntime's training ops, which it registers in the ai.onnx domain
 # (since version 9), not in com.microsoft; they carry the forward node's attributes. Their dX shape is X's:
@@ -138,7 +149,7 @@ OPS = (
           doc="onnxruntime's (ai.onnx domain): input dY, AveragePool's attributes; dX = the pool's adjoint"),
     OpDef("GlobalAveragePool", _global_pool, since=1, kernel="pool.global_average_pool",
           vjp=_global_average_pool_vjp),
-    OpDef("GlobalMaxPool", _global_pool, since=1, kernel="pool.global_max_pool", vjp=_global_max_pool_vjp),
+    OpDef("GlobalMaxPool", _global_max_pool, since=1, kernel="pool.global_max_pool", vjp=_global_max_pool_vjp),
     OpDef("MaxPool", _max_pool, since=12, kernel="pool.max_pool", vjp=_max_pool_vjp, grad_outputs=2,
           attrs=MAX_POOL_ATTRS,
           doc="1-D/2-D; optional Indices output (flattened over N*C*H*W, storage_order 0 or 1)"),

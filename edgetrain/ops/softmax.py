@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import TensorType
-from ..ir.dtypes import INTS
+from ..ir.dtypes import FLOATS, INTS
 from .attrs import Int, String
 from .base import NodeContext, OpDef, normalize_axis
 
@@ -87,10 +87,23 @@ def _softmax_vjp(grad_op: str):
 
 
 def _sce_grad(ctx: NodeContext):
+    """Inputs dY, log_prob [N, C, D...], labels [N, D...][, weights [C]]; dY is the loss's gradient: labels'
+    shape for reduction none, one element otherwise. The kernel indexes weights by label, so its length is C."""
     dy, log_prob, labels = ctx.type(0), ctx.type(1), ctx.type(2)
+    if len(log_prob.shape) < 2 or log_prob.shape[1] < 1 or log_prob.dtype not in FLOATS:
+        raise ctx.error(f"log_prob must be float [N, C, D1, ...] with C >= 1, got {log_prob}")
     if labels.dtype not in INTS or tuple(labels.shape) != (log_prob.shape[0],) + tuple(log_prob.shape[2:]):
         raise ctx.error(f"labels {labels} do not match log_prob {log_prob}")
-    sce_reduction(ctx)
+    reduction = sce_reduction(ctx)
+    loss_shape = tuple(labels.shape) if reduction == "none" else ()
+    if dy.dtype != log_prob.dtype or (tuple(dy.shape) != loss_shape if reduction == "none" else dy.size != 1):
+        raise ctx.error(f"dY must be the gradient of the {reduction}-reduced loss, "
+                        f"{TensorType(log_prob.dtype, loss_shape)}, got {dy}")
+    if ctx.has_input(3):
+        w = ctx.type(3)
+        if w.dtype != log_prob.dtype or tuple(w.shape) != (log_prob.shape[1],):
+            raise ctx.error(f"weights must be {TensorType(log_prob.dtype, (log_prob.shape[1],))} (one per class), "
+                            f"got {w}")
     return [log_prob]
 
 

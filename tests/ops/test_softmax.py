@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from edgetrain.errors import ShapeError
+from edgetrain.errors import InputError, ShapeError
 from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference
 
 pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
@@ -90,7 +90,7 @@ def test_sce_label_out_of_range_raises(bad):
     feeds = {"x": np.zeros((3, 4), np.float32), "labels": np.array([0, bad, 2], np.int64)}
     node = helper.make_node("SoftmaxCrossEntropyLoss", ["x", "labels"], ["loss"], ignore_index=-100,
                             name="the_loss")
-    with pytest.raises(IndexError, match=rf"'the_loss'.*label {bad} at index \(1,\) is out of range \[0, 4\)"):
+    with pytest.raises(InputError, match=rf"'the_loss'.*input 1 \('labels'\) holds {bad} at \[1\].*\[0, 4\)"):
         run_edgetrain(model(node, feeds, ["loss"]), feeds)
 
 
