@@ -27,3 +27,7 @@ class InputError(EdgetrainError):
 
 class MemoryBudgetError(EdgetrainError):
     """The planned arena does not fit the memory budget."""
+
+
+class CacheFolderError(EdgetrainError):
+    """The kernel cache folder cannot be created, or others could write to it (owner, mode)."""
