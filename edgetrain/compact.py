@@ -36,6 +36,7 @@ from . import atomic
 from .errors import EdgetrainError, GraphError, ModelLoadError
 from .ir import Graph, Node, SequenceType, TensorType, Value
 from .ir.dtypes import ONNX_TO_NUMPY
+from .reading import open_regular, read_regular
 
 MAGIC = b"EDGETRN\x01"
 SUFFIX = ".etm"
@@ -265,19 +266,9 @@ def load(path) -> Graph:
     """Read the compact model at ``path`` (one read into a writable buffer; tensors are views into it)."""
     path = os.fspath(path)
     try:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            data = bytearray(size)
-            got = f.readinto(data) if size else 0
-            while got < size:                       # raw reads may be partial
-                n = f.readinto(memoryview(data)[got:])
-                if not n:
-                    break
-                got += n
+        data = read_regular(path)
     except OSError as e:
         raise ModelLoadError(f"cannot read model file '{path}': {e.strerror or e}") from None
-    if got != size:
-        raise ModelLoadError(f"model file '{path}' shrank while being read ({got} of {size} bytes)")
     return loads(data, path)
 
 
@@ -286,7 +277,7 @@ def is_compact(uri) -> bool:
     if isinstance(uri, (bytes, bytearray, memoryview)):
         return bytes(memoryview(uri)[:8]) == MAGIC
     try:
-        with open(os.fspath(uri), "rb") as f:
+        with open_regular(uri) as f:
             return f.read(8) == MAGIC
     except OSError as e:
         raise ModelLoadError(f"cannot read model file '{os.fspath(uri)}': {e.strerror or e}") from None

@@ -35,8 +35,10 @@ def load_arrays(path, names: list[str]) -> list[np.ndarray]:
     """The arrays of ``path`` for the model inputs ``names``, in that order."""
     from ..errors import InputError
 
+    from ..reading import open_regular
+
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with open_regular(path) as f, np.load(f, allow_pickle=False) as z:
             found = {k: z[k] for k in z.files}
     except (OSError, ValueError) as e:
         raise InputError(f"cannot read '{path}' as an .npz file: {e}") from None
