@@ -12,6 +12,7 @@ import numpy as np
 
 # checkpoint properties a run saves, so --resume knows where it stopped and which batch order it used
 EPOCH, STEP, SEED = RUN_PROPERTIES = ("edgetrain.epoch", "edgetrain.step_in_epoch", "edgetrain.seed")
+SEED_MAX = 2**63 - 1          # a checkpoint stores int properties as int64; numpy seeds with any int >= 0
 
 
 def add_arguments(p):
@@ -49,6 +50,32 @@ def load_arrays(path, names: list[str]) -> list[np.ndarray]:
     return [found[n] for n in names]
 
 
+def resume_point(props, checkpoint, epochs: int, steps_per_epoch: int, seed: int) -> tuple[int, int, int]:
+    """(epoch, step in that epoch, seed) saved in the run properties ``props`` of ``checkpoint``, checked against
+    this run's ``epochs`` and ``steps_per_epoch``; a property not saved gives 0, 0 and ``seed``.
+
+    Raises
+    ------
+    CheckpointError
+        A property that is not an integer in its range (names the file, the property and its value).
+    """
+    from ..checkpoint.state import CheckpointError
+
+    ranges = {EPOCH: (0, epochs, "--epochs"), STEP: (0, max(steps_per_epoch - 1, 0), "the steps per epoch - 1"),
+              SEED: (0, SEED_MAX, "2**63 - 1")}
+    point = {EPOCH: 0, STEP: 0, SEED: seed}
+    for name, (low, high, limit) in ranges.items():
+        if name not in props:
+            continue
+        value = props[name]
+        if type(value) is not int or not low <= value <= high:
+            raise CheckpointError(f"--resume: checkpoint '{checkpoint}' has {name} = {value!r} "
+                                  f"({type(value).__name__}); it must be an integer from {low} to {high} ({limit}): "
+                                  "resume with the options of the run that saved it, or start over without --resume")
+        point[name] = value
+    return point[EPOCH], point[STEP], point[SEED]
+
+
 def run(args) -> int:
     from ..api import CheckpointState, LinearLRScheduler
     from ..errors import InputError
@@ -57,6 +84,8 @@ def run(args) -> int:
 
     out = Path(args.output or Path(args.artifacts) / "run")
     saved = out / "checkpoint"
+    if not 0 <= args.seed <= SEED_MAX:
+        raise InputError(f"--seed must be an integer from 0 to {SEED_MAX}, got {args.seed}")
     if args.resume and not saved.exists():
         raise InputError(f"--resume: no checkpoint at '{saved}'")
     state, module, optimizer = open_artifacts(args.artifacts, saved if args.resume else None)
@@ -66,8 +95,7 @@ def run(args) -> int:
     n = arrays[0].shape[0] if arrays and arrays[0].ndim else 0
     steps_per_epoch = -(-n // args.batch_size) if args.batch_size > 0 else 0
     props = state.properties
-    resumed = {k: int(props[k]) for k in RUN_PROPERTIES if args.resume and k in props}
-    epoch0, skip, seed = resumed.get(EPOCH, 0), resumed.get(STEP, 0), resumed.get(SEED, args.seed)
+    epoch0, skip, seed = resume_point(props if args.resume else {}, saved, args.epochs, steps_per_epoch, args.seed)
     scheduler = None
     if args.schedule == "linear":
         scheduler = LinearLRScheduler(optimizer, args.warmup_steps, args.epochs * steps_per_epoch, args.lr)
