@@ -26,6 +26,7 @@ Saving is atomic (temporary file, fsync, rename, fsync folder), as checkpoints a
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -234,7 +235,7 @@ class _Reader:
     def check_no_overlap(self) -> None:
         """Tensors are separate arrays: two sharing bytes would be aliasing views of one buffer."""
         ranges = sorted(self.ranges)
-        for (_, end, first), (start, _, second) in zip(ranges, ranges[1:]):
+        for (_, end, first), (start, _, second) in itertools.pairwise(ranges):
             if start < end:
                 raise self.error(f"{second} overlaps {first} in the data section (bytes {start}..{end}): the "
                                  "file is corrupt or crafted")

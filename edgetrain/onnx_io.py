@@ -11,9 +11,9 @@ from onnx.external_data_helper import load_external_data_for_model, uses_externa
 
 from . import atomic
 from .errors import ModelLoadError, UnsupportedOpError
-from .reading import read_regular
 from .ir import Graph, Node, SequenceType, TensorType, Value
 from .ir.dtypes import to_numpy, to_onnx
+from .reading import read_regular
 
 SUPPORTED_ONNX_OPSETS = range(13, 22)
 MS_DOMAIN = "com.microsoft"

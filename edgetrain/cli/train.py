@@ -35,7 +35,6 @@ def add_arguments(p):
 def load_arrays(path, names: list[str]) -> list[np.ndarray]:
     """The arrays of ``path`` for the model inputs ``names``, in that order."""
     from ..errors import InputError
-
     from ..reading import open_regular
 
     try:
