@@ -176,6 +176,14 @@ def _classify(graph: Graph, params: set[str]) -> _ModelIO:
     return _ModelIO(graph, user, [n for n in names if n in params], outputs)
 
 
+def _plain_arrays(io: _ModelIO, user_inputs) -> tuple[np.ndarray, ...]:
+    """``user_inputs`` as exact ``np.ndarray`` views (no copy) of array subclasses; anything else is refused."""
+    for name, x in zip(io.user_inputs, user_inputs):
+        if not isinstance(x, np.ndarray):
+            raise InputError(f"input '{name}' must be a numpy array, got {type(x).__name__}")
+    return tuple(np.asarray(x) for x in user_inputs)
+
+
 def _running_stats(graph: Graph) -> list[tuple[str, str]]:
     """(updated running statistic output, frozen parameter it replaces) for training-mode batch norms."""
     pairs = []
@@ -323,7 +331,10 @@ class Module:
             raise InputError(f"the {'training' if self.training else 'eval'} model takes {len(io.user_inputs)} "
                              f"input(s) {io.user_inputs}, got {len(user_inputs)}")
         # inputs of a shape and type seen before were validated then: skip straight to the program
-        key = (id(io), *((x.shape, x.dtype) if type(x) is np.ndarray else id(x) for x in user_inputs))
+        key = (id(io), *((x.shape, x.dtype) if type(x) is np.ndarray else None for x in user_inputs))
+        if None in key:      # a subclass (np.memmap, ...) or no array: key its plain-ndarray view, never its id
+            user_inputs = _plain_arrays(io, user_inputs)
+            key = (id(io), *((x.shape, x.dtype) for x in user_inputs))
         bound = self._bound.get(key)
         if bound is None:
             bound = self._bound[key] = self._bind(io, user_inputs)

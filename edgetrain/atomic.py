@@ -1,25 +1,33 @@
 """Atomic file replacement: a crash or a kill at any moment leaves the old file or the new one, whole.
 
 The bytes go to a temporary file in the same folder, are flushed to disk, and the file is renamed over the
-target; the folder is then synced so the rename itself survives a power cut. Checkpoints and compact models are
-written this way (onnxruntime 1.19.2 left a truncated checkpoint in 31 of 100 kills during its save).
+target; the folder is then synced so the rename itself survives a power cut. Every file edgetrain writes goes
+through ``write_atomic`` (onnxruntime 1.19.2 left a truncated checkpoint in 31 of 100 kills during its save).
+
+The temporary name is random and opened ``O_CREAT | O_EXCL | O_NOFOLLOW``: a file or symlink planted at a
+guessed name makes the open fail instead of redirecting the write to another file.
 """
 from __future__ import annotations
 
 import os
 import secrets
 
+from .reading import NotRegularFileError, open_regular
 
-def write_atomic(path, data) -> None:
-    """Replace ``path`` by ``data``. On any failure the temporary file is removed, ``path`` is untouched and the
-    error (an ``OSError`` for I/O) propagates."""
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def write_atomic(path, data, mode: int = 0o666) -> None:
+    """Replace ``path`` by ``data`` (bytes-like), created with permission bits ``mode`` (less the umask).
+    On any failure the temporary file is removed, ``path`` is untouched and the error (an ``OSError`` for I/O)
+    propagates."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fd = os.open(tmp, _CREATE, mode)
         try:
-            view = memoryview(data)
+            view = memoryview(data).cast("B")
             while view:                           # raw writes may be partial
                 view = view[os.write(fd, view):]
             os.fsync(fd)
@@ -34,6 +42,33 @@ def write_atomic(path, data) -> None:
         raise
     _fsync_folder(folder)
     _remove_orphans(folder, os.path.basename(path))
+
+
+def write_text(path, text: str, encoding: str = "utf-8") -> None:
+    """``write_atomic`` for text."""
+    write_atomic(path, text.encode(encoding))
+
+
+def copy_file(source, target) -> None:
+    """Copy a regular file's bytes and permission bits to ``target`` with ``write_atomic``."""
+    with open_regular(source) as f:
+        mode = os.fstat(f.fileno()).st_mode & 0o777
+        data = f.read()
+    write_atomic(target, data, mode)
+
+
+def ensure_content(path, data: bytes) -> bool:
+    """Make ``path`` hold exactly ``data``: a regular file (not a symlink) that already does is left untouched,
+    so its modification time stays what caches keyed on it saw; anything else there is replaced atomically.
+    Returns whether the file was (re)written."""
+    try:
+        with open_regular(path, follow_symlinks=False) as f:
+            if os.fstat(f.fileno()).st_size == len(data) and f.read(len(data) + 1) == data:
+                return False
+    except (FileNotFoundError, NotRegularFileError):
+        pass
+    write_atomic(path, data)
+    return True
 
 
 def _fsync_folder(folder: str) -> None:

@@ -26,8 +26,11 @@ Saving is atomic (temporary file, fsync, rename, fsync folder), as checkpoints a
 """
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
+import reprlib
 import struct
 
 import numpy as np
@@ -37,6 +40,7 @@ from .errors import AttributeValueError, EdgetrainError, GraphError, ModelLoadEr
 from .ir import Graph, Node, SequenceType, TensorType, Value
 from .ir.dtypes import ONNX_TO_NUMPY
 from .ops import check_attributes
+from .reading import open_regular, read_regular
 
 MAGIC = b"EDGETRN\x01"
 SUFFIX = ".etm"
@@ -141,76 +145,161 @@ def save(graph: Graph, path) -> None:
 
 
 # -- reading ---------------------------------------------------------------------------------------------------
+INT64_MAX = 2**63 - 1                      # dims, offsets, opset versions and int attributes are int64 in ONNX
+_BRIEF = reprlib.Repr()                    # bounded repr of hostile values in messages (depth, length)
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 3, 60, 60
+
+
+def _is_int(v) -> bool:
+    """A JSON integer that fits int64 (``bool`` is not one)."""
+    return type(v) is int and -INT64_MAX - 1 <= v <= INT64_MAX
+
+
+def _is_float(v) -> bool:
+    return type(v) is float or _is_int(v)
+
+
+# attribute kinds: the JSON check of one value, and how a valid value becomes the IR's
+_ATTR_KINDS = {"int": (_is_int, int), "float": (_is_float, float), "string": (lambda v: type(v) is str, str)}
+_ATTR_LISTS = {"ints": "int", "floats": "float", "strings": "string"}
+
+
 class _Reader:
-    """Decodes one header against its data section; every failure names the file."""
+    """Decodes one header against its data section; every failure names the file and what is wrong.
+
+    The header is hostile until checked: every field is checked for its JSON type and range before use, and
+    the tensors' byte ranges must lie in the data section without overlapping each other."""
 
     def __init__(self, where: str, data: memoryview):
         self.where, self.data = where, data
+        self.ranges: list[tuple[int, int, str]] = []          # (start, end, what) of every non-empty tensor
 
     def error(self, what: str) -> ModelLoadError:
         return ModelLoadError(f"{self.where}: {what}")
 
+    def field(self, obj: dict, key: str, kind: type, what: str):
+        if not isinstance(obj, dict) or key not in obj:
+            raise self.error(f"malformed header: {what} has no '{key}'")
+        value = obj[key]
+        if type(value) is not kind:
+            raise self.error(f"malformed header: '{key}' of {what} is {_BRIEF.repr(value)}, not a JSON "
+                             f"{_JSON_NAMES[kind]}")
+        return value
+
+    def name(self, v, what: str) -> str:
+        if type(v) is not str:
+            raise self.error(f"malformed header: {what} is {_BRIEF.repr(v)}, not a string")
+        return v
+
+    def names(self, v, what: str) -> list[str]:
+        if type(v) is not list:
+            raise self.error(f"malformed header: {what} is {_BRIEF.repr(v)}, not a list of names")
+        return [self.name(n, what) for n in v]
+
+    def pairs(self, v, what: str) -> list[tuple[str, object]]:
+        """``[[name, spec], ...]``, the header's form of an ordered mapping."""
+        if type(v) is not list or not all(type(p) is list and len(p) == 2 for p in v):
+            raise self.error(f"malformed header: {what} is {_BRIEF.repr(v)}, not a list of [name, value] pairs")
+        return [(self.name(n, f"a name in {what}"), spec) for n, spec in v]
+
     def dtype(self, name, what: str) -> np.dtype:
-        if not isinstance(name, str) or name not in DTYPES:
-            raise self.error(f"{what} has unknown element type {name!r}; known: {', '.join(DTYPES)}")
+        if type(name) is not str or name not in DTYPES:
+            raise self.error(f"{what} has unknown element type {_BRIEF.repr(name)}; known: {', '.join(DTYPES)}")
         return DTYPES[name]
 
     def shape(self, dims, what: str, symbolic: bool) -> tuple:
-        ok = isinstance(dims, list) and all(
-            (isinstance(d, int) and not isinstance(d, bool) and d >= 0) or (symbolic and (d is None or
-                                                                                          isinstance(d, str)))
-            for d in dims)
+        ok = type(dims) is list and all(
+            (_is_int(d) and d >= 0) or (symbolic and (d is None or type(d) is str)) for d in dims)
         if not ok:
-            raise self.error(f"{what} has an invalid shape {dims!r}")
+            raise self.error(f"{what} has an invalid shape {_BRIEF.repr(dims)}")
         return tuple(dims)
 
-    def tensor(self, spec: dict, what: str) -> np.ndarray:
-        dtype = self.dtype(spec["dtype"], what)
-        shape = self.shape(spec["shape"], what, symbolic=False)
-        offset = spec["offset"]
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if not isinstance(offset, int) or offset < 0 or offset % ALIGN:
-            raise self.error(f"{what} has an invalid data offset {offset!r} (must be a multiple of {ALIGN})")
+    def tensor(self, spec, what: str) -> np.ndarray:
+        dtype = self.dtype(self.field(spec, "dtype", str, what), what)
+        shape = self.shape(self.field(spec, "shape", list, what), what, symbolic=False)
+        offset = spec.get("offset")
+        count = math.prod(shape)                         # exact: Python ints do not overflow
+        nbytes = count * dtype.itemsize
+        if math.prod(d for d in shape if d) * dtype.itemsize > INT64_MAX:    # numpy's limit, even when empty
+            raise self.error(f"{what} has a shape {list(shape)} too large for any array")
+        if not _is_int(offset) or offset < 0 or offset % ALIGN:
+            raise self.error(f"{what} has an invalid data offset {_BRIEF.repr(offset)} (must be a multiple of "
+                             f"{ALIGN})")
         if offset + nbytes > len(self.data):
             raise self.error(f"{what} ({dtype.name}{list(shape)}, {nbytes} bytes at offset {offset}) lies outside "
                              f"the data section of {len(self.data)} bytes: the file is truncated or corrupt")
         if not nbytes:
             return np.empty(shape, dtype)
-        return np.frombuffer(self.data, dtype.newbyteorder("<"), nbytes // dtype.itemsize, offset).reshape(shape)
+        self.ranges.append((offset, offset + nbytes, what))
+        return np.frombuffer(self.data, dtype.newbyteorder("<"), count, offset).reshape(shape)
+
+    def check_no_overlap(self) -> None:
+        """Tensors are separate arrays: two sharing bytes would be aliasing views of one buffer."""
+        ranges = sorted(self.ranges)
+        for (_, end, first), (start, _, second) in itertools.pairwise(ranges):
+            if start < end:
+                raise self.error(f"{second} overlaps {first} in the data section (bytes {start}..{end}): the "
+                                 "file is corrupt or crafted")
 
     def type(self, spec, what: str):
         if spec is None:
             return None
-        if "sequence" in spec:
+        if type(spec) is dict and spec.keys() == {"sequence"}:
             return SequenceType(self.dtype(spec["sequence"], what))
-        return TensorType(self.dtype(spec["tensor"], what), self.shape(spec["shape"], what, symbolic=True))
+        if type(spec) is dict and spec.keys() == {"tensor", "shape"}:
+            return TensorType(self.dtype(spec["tensor"], what), self.shape(spec["shape"], what, symbolic=True))
+        raise self.error(f"malformed header: {what} has type {_BRIEF.repr(spec)}; expected null, "
+                         "{\"tensor\": dtype, \"shape\": [...]} or {\"sequence\": dtype}")
 
-    def attr(self, spec: dict, what: str):
+    def attr(self, spec, what: str):
+        if type(spec) is not dict or len(spec) != 1:
+            raise self.error(f"{what} has an invalid value {_BRIEF.repr(spec)}")
         (kind, value), = spec.items()
         if kind == "tensor":
             return self.tensor(value, what)
-        checks = {"int": lambda v: isinstance(v, int), "float": lambda v: isinstance(v, (int, float)),
-                  "string": lambda v: isinstance(v, str)}
-        if kind in checks and checks[kind](value):
-            return float(value) if kind == "float" else value
-        item = {"ints": "int", "floats": "float", "strings": "string"}.get(kind)
-        if item and isinstance(value, list) and all(checks[item](v) for v in value):
-            return tuple(float(v) for v in value) if kind == "floats" else tuple(value)
-        raise self.error(f"{what} has an invalid value {spec!r:.80}")
+        if kind in _ATTR_KINDS:
+            valid, convert = _ATTR_KINDS[kind]
+            if valid(value):
+                return convert(value)
+        elif kind in _ATTR_LISTS:
+            valid, convert = _ATTR_KINDS[_ATTR_LISTS[kind]]
+            if type(value) is list and all(valid(v) for v in value):
+                return tuple(convert(v) for v in value)
+        raise self.error(f"{what} has an invalid value {_BRIEF.repr(spec)}")
+
+    def opsets(self, v) -> dict[str, int]:
+        if type(v) is not dict or not all(_is_int(n) and n >= 1 for n in v.values()):
+            raise self.error(f"malformed header: opsets are {_BRIEF.repr(v)}, not {{domain: version >= 1}}")
+        return dict(v)
+
+    def node(self, spec) -> Node:
+        what = f"node {_BRIEF.repr(spec.get('name')) if type(spec) is dict else _BRIEF.repr(spec)}"
+        name = self.field(spec, "name", str, what)
+        op = self.field(spec, "op", str, what)
+        label = f"node '{name}' ({op})"
+        attrs = {k: self.attr(a, f"attribute '{k}' of {label}")
+                 for k, a in self.pairs(self.field(spec, "attrs", list, label), f"attributes of {label}")}
+        return Node(op, self.names(self.field(spec, "inputs", list, label), f"inputs of {label}"),
+                    self.names(self.field(spec, "outputs", list, label), f"outputs of {label}"), attrs, name,
+                    self.field(spec, "domain", str, label))
 
     def graph(self, h: dict) -> Graph:
-        inputs = [Value(n, self.type(t, f"graph input '{n}'")) for n, t in h["inputs"]]
-        outputs = [Value(n, self.type(t, f"graph output '{n}'")) for n, t in h["outputs"]]
-        inits = {n: self.tensor(t, f"initializer '{n}'") for n, t in h["initializers"]}
-        nodes = []
-        for spec in h["nodes"]:
-            label = f"node '{spec['name']}' ({spec['op']})"
-            attrs = {k: self.attr(a, f"attribute '{k}' of {label}") for k, a in spec["attrs"]}
-            nodes.append(Node(spec["op"], list(spec["inputs"]), list(spec["outputs"]), attrs, spec["name"],
-                              spec["domain"]))
-        value_types = {n: self.type(t, f"value '{n}'") for n, t in h["value_types"]}
-        opsets = {str(d): int(v) for d, v in h["opsets"].items()}
-        return Graph(nodes, inputs, outputs, inits, opsets, value_types, str(h["name"]))
+        header = "the header"
+        inputs = [Value(n, self.type(t, f"graph input '{n}'"))
+                  for n, t in self.pairs(self.field(h, "inputs", list, header), "graph inputs")]
+        outputs = [Value(n, self.type(t, f"graph output '{n}'"))
+                   for n, t in self.pairs(self.field(h, "outputs", list, header), "graph outputs")]
+        inits = {n: self.tensor(t, f"initializer '{n}'")
+                 for n, t in self.pairs(self.field(h, "initializers", list, header), "initializers")}
+        nodes = [self.node(spec) for spec in self.field(h, "nodes", list, header)]
+        value_types = {n: self.type(t, f"value '{n}'")
+                       for n, t in self.pairs(self.field(h, "value_types", list, header), "value types")}
+        opsets = self.opsets(self.field(h, "opsets", dict, header))
+        self.check_no_overlap()
+        return Graph(nodes, inputs, outputs, inits, opsets, value_types, self.field(h, "name", str, header))
+
+
+_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "integer"}
 
 
 def loads(data: bytes | bytearray | memoryview, name: str = "<bytes>") -> Graph:
@@ -239,25 +328,22 @@ def loads(data: bytes | bytearray | memoryview, name: str = "<bytes>") -> Graph:
                              "(truncated or corrupt)")
     try:
         header = json.loads(bytes(view[_PREFIX.size: _PREFIX.size + size]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"{where}: the header is not valid JSON ({e}); the file is corrupt") from None
-    if not isinstance(header, dict) or header.get("format") != "edgetrain compact model":
+    except (ValueError, RecursionError) as e:    # bad UTF-8 or JSON, numbers of > 4300 digits, deep nesting
+        raise ModelLoadError(f"{where}: the header is not valid JSON ({type(e).__name__}: {str(e)[:200]}); the "
+                             "file is corrupt") from None
+    if type(header) is not dict or header.get("format") != "edgetrain compact model":
         raise ModelLoadError(f"{where}: the header does not describe an edgetrain compact model")
-    if header.get("version") != VERSION:
-        raise ModelLoadError(f"{where} has format version {header.get('version')!r}; this edgetrain reads "
+    version = header.get("version")
+    if type(version) is not int or version != VERSION:
+        raise ModelLoadError(f"{where} has format version {_BRIEF.repr(version)}; this edgetrain reads "
                              f"version {VERSION}: rebuild it with `edgetrain reduce`")
     data_bytes = header.get("data_bytes")
-    want = start + data_bytes if isinstance(data_bytes, int) and data_bytes >= 0 else None
+    want = start + data_bytes if _is_int(data_bytes) and data_bytes >= 0 else None
     if want != len(view):
         raise ModelLoadError(f"{where} is {len(view)} bytes, its header says {want}: the file is truncated or "
                              "corrupt")
-    reader = _Reader(where, view[start:])
     try:
-        graph = reader.graph(header)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ModelLoadError(f"{where}: malformed header ({type(e).__name__}: {e})") from None
-    try:
-        return check_attributes(graph.verify())
+        return check_attributes(_Reader(where, view[start:]).graph(header).verify())
     except (GraphError, AttributeValueError) as e:
         raise ModelLoadError(f"{where}: {e}") from None
 
@@ -266,19 +352,9 @@ def load(path) -> Graph:
     """Read the compact model at ``path`` (one read into a writable buffer; tensors are views into it)."""
     path = os.fspath(path)
     try:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            data = bytearray(size)
-            got = f.readinto(data) if size else 0
-            while got < size:                       # raw reads may be partial
-                n = f.readinto(memoryview(data)[got:])
-                if not n:
-                    break
-                got += n
+        data = read_regular(path)
     except OSError as e:
         raise ModelLoadError(f"cannot read model file '{path}': {e.strerror or e}") from None
-    if got != size:
-        raise ModelLoadError(f"model file '{path}' shrank while being read ({got} of {size} bytes)")
     return loads(data, path)
 
 
@@ -287,7 +363,7 @@ def is_compact(uri) -> bool:
     if isinstance(uri, (bytes, bytearray, memoryview)):
         return bytes(memoryview(uri)[:8]) == MAGIC
     try:
-        with open(os.fspath(uri), "rb") as f:
+        with open_regular(uri) as f:
             return f.read(8) == MAGIC
     except OSError as e:
         raise ModelLoadError(f"cannot read model file '{os.fspath(uri)}': {e.strerror or e}") from None

@@ -1,7 +1,10 @@
 """Switches read from the environment, and where edgetrain keeps its kernel cache."""
 import os
 import zlib
+import stat
 from pathlib import Path
+
+from .errors import CacheFolderError
 
 
 def flag(name: str) -> bool:
@@ -27,6 +30,63 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "edgetrain"
+
+
+def cache_folder(sub: str) -> Path:
+    """``cache_dir() / sub`` (``gen``, ``numba``), created 0700 where missing and checked by ``secure_folder``:
+    what is cached there is imported and run, so nobody else may be able to write it."""
+    root = secure_folder(cache_dir())
+    return secure_folder(root / sub)
+
+
+def secure_folder(folder) -> Path:
+    """``folder``, after creating it and its missing parents with mode 0700 and checking that it and every
+    folder created here are owned by this user and not writable by group or others.
+
+    Raises
+    ------
+    CacheFolderError
+        Names the folder, what is wrong and the remedy (``chmod``, or ``EDGETRAIN_CACHE_DIR``).
+    """
+    folder = Path(folder)
+    missing = []
+    parent = folder
+    while not os.path.lexists(parent) and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+            os.chmod(path, 0o700)            # the umask may have taken bits off; the exact mode is meant
+        except FileExistsError:
+            pass                             # made at the same moment by another process: checked below
+        except OSError as e:
+            raise CacheFolderError(f"cannot create the kernel cache folder '{path}': {e.strerror or e}; "
+                                   "set EDGETRAIN_CACHE_DIR to a folder of yours") from None
+    for path in [folder, *missing[1:]]:
+        _check_private(path)
+    return folder
+
+
+# what makes a cache folder unsafe: (rule it must pass, what to say when it does not)
+_PRIVATE_FOLDER_RULES = (
+    (lambda st: stat.S_ISDIR(st.st_mode), lambda st: "is not a folder"),
+    (lambda st: st.st_uid == os.geteuid(), lambda st: f"is owned by user id {st.st_uid}, not by you ({os.geteuid()})"),
+    (lambda st: not st.st_mode & 0o022,
+     lambda st: f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"),
+)
+
+
+def _check_private(folder: Path) -> None:
+    try:
+        st = os.stat(folder)
+    except OSError as e:
+        raise CacheFolderError(f"cannot use the kernel cache folder '{folder}': {e.strerror or e}") from None
+    for rule, problem in _PRIVATE_FOLDER_RULES:
+        if not rule(st):
+            raise CacheFolderError(f"kernel cache folder '{folder}' {problem(st)}: edgetrain imports and runs the "
+                                   f"code cached there, so only you may write it; run `chmod go-w '{folder}'` if "
+                                   "it is yours, or set EDGETRAIN_CACHE_DIR to a private folder")
 
 
 def num_threads() -> int:

@@ -31,3 +31,7 @@ class MemoryBudgetError(EdgetrainError):
 
 class AttributeValueError(ShapeError):
     """A node's attribute is unknown to its op, of the wrong type, out of range, or not finite."""
+
+
+class CacheFolderError(EdgetrainError):
+    """The kernel cache folder cannot be created, or others could write to it (owner, mode)."""

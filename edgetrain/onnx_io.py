@@ -9,10 +9,12 @@ import onnx
 from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
+from . import atomic
 from .errors import ModelLoadError, UnsupportedOpError
 from .ir import Graph, Node, SequenceType, TensorType, Value
 from .ir.dtypes import to_numpy, to_onnx
 from .ops import check_attributes
+from .reading import read_regular
 
 SUPPORTED_ONNX_OPSETS = range(13, 22)
 MS_DOMAIN = "com.microsoft"
@@ -26,7 +28,7 @@ def load_model(model) -> onnx.ModelProto:
         return _parse(bytes(model), "<bytes>")
     path = Path(os.fspath(model))
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
     except OSError as e:
         raise ModelLoadError(f"cannot read model file '{path}': {e.strerror}") from None
     proto = _parse(data, str(path))
@@ -151,14 +153,8 @@ def ir_version_of(model) -> int:
 
 
 def save_model(model: onnx.ModelProto, path) -> None:
-    """Write a model atomically (temporary file, then rename)."""
-    path = Path(os.fspath(path))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(model.SerializeToString())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write a model atomically (``edgetrain.atomic``: random temporary name, fsync, rename)."""
+    atomic.write_atomic(path, model.SerializeToString())
 
 
 def check(model: onnx.ModelProto) -> None:

@@ -32,6 +32,7 @@ import numpy as np
 
 from .errors import EdgetrainError, InputError, MemoryBudgetError
 from .plan.bounds import index_bound
+from .reading import open_regular
 
 KINDS = ("train", "eval", "optimizer")
 WARMUP = 3            # cycles before measuring: compiles, first touch of arena pages
@@ -113,11 +114,14 @@ def _load_data(data) -> dict[str, np.ndarray]:
         return {}
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
-        if not path.is_file():
+        try:
+            with open_regular(path) as f, np.load(f, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        except FileNotFoundError:
             raise InputError(f"data file '{path}' does not exist (expected a .npz with arrays named like the "
-                             "model's inputs)")
-        with np.load(path) as z:
-            return {k: z[k] for k in z.files}
+                             "model's inputs)") from None
+        except (OSError, ValueError) as e:
+            raise InputError(f"cannot read data file '{path}' as an .npz file: {e}") from None
     return dict(data)
 
 

@@ -10,7 +10,11 @@ from contextlib import contextmanager
 
 from edgetrain import config
 
-os.environ.setdefault("NUMBA_CACHE_DIR", str(config.cache_dir() / "numba"))
+# Numba loads pickled code from its cache: the folder is created 0700 and checked like the generated kernels'
+if "NUMBA_CACHE_DIR" not in os.environ:
+    os.environ["NUMBA_CACHE_DIR"] = str(config.cache_folder("numba"))
+else:
+    config.secure_folder(os.environ["NUMBA_CACHE_DIR"])
 os.environ.setdefault("NUMBA_NUM_THREADS", str(config.num_threads()))
 
 import numba  # noqa: E402

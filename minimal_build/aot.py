@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import atomic
 from ..errors import EdgetrainError
 from .record import KernelUse, record
 
@@ -148,7 +149,7 @@ def main(argv=None) -> int:
     # kernel families whose launchers ran (imported lazily by the runtime), elementwise for codegen's templates
     manifest["families"] = sorted(m.rsplit(".", 1)[1] for m in sys.modules
                                   if m.startswith("edgetrain.kernels.") and not m.endswith("._jit"))
-    (args.out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    atomic.write_text(args.out_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
     return 0
 
 

@@ -21,6 +21,7 @@ import ast
 import base64
 import hashlib
 import importlib.util
+import io
 import shutil
 import sys
 import sysconfig
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__
+from .. import __version__, atomic
 from ..errors import EdgetrainError
 
 # The device side: these modules of ``edgetrain`` and everything they import at module level (import_closure).
@@ -180,28 +181,40 @@ def assemble(out_dir: Path, so_file: Path, manifest_file: Path, families: list[s
     modules, packages = import_closure(package)
     packages = [p for p in packages if p != "cli"]          # its device commands only (DEVICE_CLI, below)
     for name in modules:
-        shutil.copy2(package / name, target / name)
+        atomic.copy_file(package / name, target / name)
     for name in packages:
-        shutil.copytree(package / name, target / name,
-                        ignore=lambda d, names: [n for n in names if n == "__pycache__" or n.endswith(".pyc")])
+        _copy_package(package / name, target / name)
     (target / "cli").mkdir(exist_ok=True)
     for name in DEVICE_CLI:
-        shutil.copy2(package / "cli" / name, target / "cli" / name)
+        atomic.copy_file(package / "cli" / name, target / "cli" / name)
     for rel, (names, text) in REPLACED.items():
         path = target / rel
-        path.write_text(drop_definitions(path.read_text(), names, str(package / rel)) + text)
-    shutil.copy2(here / "device_build.py", target / "trimmed.py")
+        atomic.write_text(path, drop_definitions(path.read_text(), names, str(package / rel)) + text)
+    atomic.copy_file(here / "device_build.py", target / "trimmed.py")
     kdir = target / "kernels"
     kdir.mkdir()
-    shutil.copy2(kernels / "__init__.py", kdir / "__init__.py")
-    shutil.copy2(here / "device_jit.py", kdir / "_jit.py")
+    atomic.copy_file(kernels / "__init__.py", kdir / "__init__.py")
+    atomic.copy_file(here / "device_jit.py", kdir / "_jit.py")
     for family in families:
         src = kernels / f"{family}.py"
-        (kdir / src.name).write_text(strip_numba(src.read_text(), str(src)))
-    shutil.copy2(so_file, kdir / so_file.name)
-    shutil.copy2(manifest_file, kdir / manifest_file.name)
-    (out_dir / "pyproject.toml").write_text(pyproject(target, so_file.name, manifest_file.name))
+        atomic.write_text(kdir / src.name, strip_numba(src.read_text(), str(src)))
+    atomic.copy_file(so_file, kdir / so_file.name)
+    atomic.copy_file(manifest_file, kdir / manifest_file.name)
+    atomic.write_text(out_dir / "pyproject.toml", pyproject(target, so_file.name, manifest_file.name))
     return target
+
+
+def _copy_package(source: Path, target: Path) -> None:
+    """A package folder's files (no bytecode caches), each copied with ``atomic.copy_file``."""
+    for path in sorted(source.rglob("*")):
+        rel = path.relative_to(source)
+        if "__pycache__" in rel.parts or path.suffix == ".pyc":
+            continue
+        if path.is_dir():
+            (target / rel).mkdir(parents=True, exist_ok=True)
+        else:
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            atomic.copy_file(path, target / rel)
 
 
 PYPROJECT_MARK = "# The trimmed edgetrain written by `edgetrain reduce`"
@@ -290,10 +303,12 @@ def write_wheel(target: Path, dist_dir: Path) -> Path:
               (f"{info}/entry_points.txt", scripts.encode())]
     record = [_record_line(n, d) for n, d in files] + [f"{info}/RECORD,,"]
     files.append((f"{info}/RECORD", ("\n".join(record) + "\n").encode()))
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
         for name, data in files:
             zi = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
             zi.external_attr = (0o755 if name.endswith(".so") else 0o644) << 16
             zi.compress_type = zipfile.ZIP_DEFLATED
             z.writestr(zi, data)
+    atomic.write_atomic(path, archive.getbuffer())
     return path

@@ -34,7 +34,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgetrain import checkpoint, compact
+from edgetrain import atomic, checkpoint, compact
 from edgetrain.errors import EdgetrainError, UnsupportedOpError
 from edgetrain.ir import Graph, SequenceType, TensorType
 from edgetrain.ops import OpDef, lookup
@@ -222,7 +222,7 @@ def write_configs(required: RequiredOps, folder) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = folder / OPS_CONFIG, folder / TYPES_CONFIG
     for path, with_types in zip(paths, (False, True)):
-        path.write_text(format_config(required, with_types), encoding="utf-8")
+        atomic.write_text(path, format_config(required, with_types))
     return paths
 
 

@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import atomic
 from ..errors import EdgetrainError
 from . import package
 from .aot import MANIFEST
@@ -72,7 +73,7 @@ def build(artifact_folders, out_dir, batch_sizes=DEFAULT_BATCH_SIZES, target_cpu
         manifest = json.loads((tmp / MANIFEST).read_text())
         sizes_option = "" if sizes == sorted(DEFAULT_BATCH_SIZES) else f" --batch-size {','.join(map(str, sizes))}"
         manifest["rebuild"] = rebuild_command or f"edgetrain reduce {' '.join(map(str, folders))} -o {out}{sizes_option}"
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        atomic.write_text(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
         target = package.assemble(out, tmp / manifest["file"], tmp / MANIFEST, manifest["families"])
     wheel = package.write_wheel(target, out / "dist")
     check_imports(out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from .. import atomic
+from ..reading import read_regular
 from .state import CheckpointError
 
 
@@ -15,22 +16,9 @@ def read(path) -> bytearray:
                               "before ORT 1.16) are not supported; edgetrain reads the single-file ODTC "
                               "checkpoint")
     try:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            data = bytearray(size)
-            view = memoryview(data)
-            got = 0
-            while got < size:
-                n = f.readinto(view[got:])
-                if not n:
-                    break
-                got += n
-            view.release()
+        return read_regular(path)
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint '{path}': {e.strerror or e}") from e
-    if got != size:
-        raise CheckpointError(f"checkpoint '{path}' shrank while being read ({got} of {size} bytes)")
-    return data
 
 
 def write_atomic(path, data) -> None:

@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 
 # checkpoint properties a run saves, so --resume knows where it stopped and which batch order it used
-EPOCH, STEP, SEED = RUN_PROPERTIES = ("edgetrain.epoch", "edgetrain.step_in_epoch", "edgetrain.seed")
+EPOCH, STEP, SEED = ("edgetrain.epoch", "edgetrain.step_in_epoch", "edgetrain.seed")
 # the settings a run was started with: --resume refuses another batch size and names other differences
 SETTINGS = {"batch_size": "edgetrain.batch_size", "lr": "edgetrain.lr", "schedule": "edgetrain.schedule",
             "warmup_steps": "edgetrain.warmup_steps", "epochs": "edgetrain.epochs"}
 LABEL_ALIASES = {"target": "labels"}    # the regression losses name their label input 'target'
 METRICS_FILE, CURVES_FILE = "metrics.jsonl", "curves.png"
+SEED_MAX = 2**63 - 1          # a checkpoint stores int properties as int64; numpy seeds with any int >= 0
 
 
 def positive_int(text: str) -> int:
@@ -35,8 +36,8 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {SEED_MAX}, got {value}")
     return value
 
 
@@ -72,17 +73,19 @@ def add_arguments(p):
 def load_arrays(path, names: list[str]) -> list[np.ndarray]:
     """The arrays of ``path`` for the model inputs ``names``, in that order."""
     from ..errors import InputError
+    from ..reading import open_regular
 
-    if not Path(path).is_file():
-        raise InputError(f"cannot read '{path}': {'not a regular file' if Path(path).exists() else 'no such file'}")
-    if not zipfile.is_zipfile(path):
-        raise InputError(f"'{path}' is not an .npz file (numpy.savez's format: a zip of .npy arrays, one per "
-                         "model input)")
     try:
-        with np.load(path, allow_pickle=False) as z:
-            found = {k: z[k] for k in z.files}
+        with open_regular(path) as f:
+            if not zipfile.is_zipfile(f):
+                raise InputError(f"'{path}' is not an .npz file (numpy.savez's format: a zip of .npy arrays, one "
+                                 "per model input)")
+            f.seek(0)
+            with np.load(f, allow_pickle=False) as z:
+                found = {k: z[k] for k in z.files}
     except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise InputError(f"cannot read '{path}' as an .npz file: {e}") from None
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+        raise InputError(f"cannot read '{path}' as an .npz file: {reason}") from None
     for name, alias in LABEL_ALIASES.items():
         if name in names and name not in found and alias in found:
             found[name] = found[alias]
@@ -91,6 +94,32 @@ def load_arrays(path, names: list[str]) -> list[np.ndarray]:
         raise InputError(f"'{path}' has no array for model input(s) {missing}: it has {sorted(found)}; the model "
                          f"takes {names}")
     return [found[n] for n in names]
+
+
+def resume_point(props, checkpoint, epochs: int, steps_per_epoch: int, seed: int) -> tuple[int, int, int]:
+    """(epoch, step in that epoch, seed) saved in the run properties ``props`` of ``checkpoint``, checked against
+    this run's ``epochs`` and ``steps_per_epoch``; a property not saved gives 0, 0 and ``seed``.
+
+    Raises
+    ------
+    CheckpointError
+        A property that is not an integer in its range (names the file, the property and its value).
+    """
+    from ..checkpoint.state import CheckpointError
+
+    ranges = {EPOCH: (0, epochs, "--epochs"), STEP: (0, max(steps_per_epoch - 1, 0), "the steps per epoch - 1"),
+              SEED: (0, SEED_MAX, "2**63 - 1")}
+    point = {EPOCH: 0, STEP: 0, SEED: seed}
+    for name, (low, high, limit) in ranges.items():
+        if name not in props:
+            continue
+        value = props[name]
+        if type(value) is not int or not low <= value <= high:
+            raise CheckpointError(f"--resume: checkpoint '{checkpoint}' has {name} = {value!r} "
+                                  f"({type(value).__name__}); it must be an integer from {low} to {high} ({limit}): "
+                                  "resume with the options of the run that saved it, or start over without --resume")
+        point[name] = value
+    return point[EPOCH], point[STEP], point[SEED]
 
 
 def _refuse_overwrite(saved: Path, props) -> None:
@@ -212,9 +241,8 @@ def run(args) -> int:
         check_indices(module, a)
     drop_last = _fixed_batch(module, args.batch_size, n)
     steps_per_epoch = n // args.batch_size if drop_last else -(-n // args.batch_size)
-    resumed = {k: int(props[k]) for k in RUN_PROPERTIES if args.resume and k in props}
-    epoch0, skip = resumed.get(EPOCH, 0), resumed.get(STEP, 0)
-    seed = resumed.get(SEED, args.seed if args.seed is not None else 0)
+    epoch0, skip, seed = resume_point(props if args.resume else {}, saved, args.epochs, steps_per_epoch,
+                                      args.seed if args.seed is not None else 0)
     if args.resume:
         for warning in _check_settings(props, args, saved):
             print(f"warning: {warning}", file=sys.stderr)
@@ -244,7 +272,8 @@ def run(args) -> int:
     def on_step(info) -> None:           # called once the step, its optimizer update included, is done
         if not compiles.setup_seconds:
             compiles.setup_done()
-        position.update(epoch=info.epoch, step=info.step)
+        done = info.step == info.steps_per_epoch      # the epoch's last step: a checkpoint there starts the next
+        position.update(epoch=info.epoch + done, step=0 if done else info.step)
         progress.step(info)
         log.add(kind="step", epoch=info.epoch + 1, step=info.step, global_step=info.epoch * steps_per_epoch
                 + info.step, loss=info.loss, lr=optimizer.get_learning_rate(), samples_per_s=info.samples_per_s)

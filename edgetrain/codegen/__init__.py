@@ -1,22 +1,21 @@
 """Fused element-wise steps -> Numba source in real module files in the cache dir -> kernels.
 
-Numba cannot cache ``exec``'d code, so each kernel is written once, atomically, to
-``<cache>/gen/fused_<hash>.py`` (the name hashes the source and library versions; the file is never
-rewritten, since a new mtime would invalidate Numba's cache) and imported from there.
+Numba caches compiled code per source file, so each kernel is written once, atomically, to
+``<cache>/gen/fused_<hash>.py`` (the name hashes the source and library versions; the file is not rewritten
+while it holds that source, since a new mtime would invalidate Numba's cache) and compiled with that file name.
 Sizes are not part of the source: the same kernel serves every shape with the same broadcast pattern.
 """
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
-import os
 import sys
+import types
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import __version__, config
+from .. import __version__, atomic, config
 from ..errors import AttributeValueError
 from ..plan.fusion import Step
 from ..plan.specialize import Specialized
@@ -145,7 +144,12 @@ _LOADED: dict[str, object] = {}
 
 
 def load(source: str):
-    """Write ``source`` once to the cache dir and import its ``kernel`` (cached on disk by Numba)."""
+    """Write ``source`` once to the cache dir and run it as the module ``kernel`` comes from (compiled code is
+    cached on disk by Numba, keyed on the file's path and modification time).
+
+    The folder is private to this user (``config.cache_folder``); a file found there that is not byte for byte
+    ``source`` is replaced first, and the module is compiled from ``source`` itself, not from what the file
+    holds, so a planted file never runs."""
     import numba
 
     from ..kernels import _jit
@@ -153,17 +157,12 @@ def load(source: str):
     key = hashlib.sha256(f"{__version__}|{numba.__version__}|{source}".encode()).hexdigest()[:24]
     if key in _LOADED:
         return _LOADED[key]
-    folder = config.cache_dir() / "gen"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"fused_{key}.py"
-    if not path.exists():
-        tmp = folder / f".fused_{key}.{os.getpid()}.tmp"
-        tmp.write_text(source)
-        os.replace(tmp, path)
+    path = config.cache_folder("gen") / f"fused_{key}.py"
+    atomic.ensure_content(path, source.encode())
     name = f"edgetrain_gen_fused_{key}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    exec(compile(source, str(path), "exec"), module.__dict__)     # noqa: S102 -- edgetrain's own source
     _LOADED[key] = _jit.register(module.kernel)
     return _LOADED[key]
