@@ -263,7 +263,8 @@ def _step_report(kind: str, model: str, prog, store, moments) -> StepReport:
 
 
 def _store_state(store) -> dict[str, int]:
-    return {"parameters": store.params.nbytes, "gradients": store.grads.nbytes,
+    # gradients: both slots (a training step writes the spare one and commits by swapping: runtime/step.py)
+    return {"parameters": store.params.nbytes, "gradients": sum(g.nbytes for g in store.grad_slots),
             "moments": sum(m.nbytes for m in store.moments),
             "frozen": sum(a.nbytes for a in store.frozen.values())}
 

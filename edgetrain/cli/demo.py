@@ -40,7 +40,7 @@ def memory_report(module, optimizer) -> list[str]:
                      f"for {shapes}")
     lines.append(f"  optimizer step: arena {_mb(optimizer._program.plan.arena_bytes)}")
     moments = sum(m.nbytes for m in store.moments)
-    lines.append(f"  state: parameters {_mb(store.params.nbytes)}, gradients {_mb(store.grads.nbytes)}, "
+    lines.append(f"  state: parameters {_mb(store.params.nbytes)}, gradients {_mb(store.grads.nbytes)} x 2 slots, "
                  f"optimizer moments {_mb(moments)}, frozen {_mb(sum(a.nbytes for a in store.frozen.values()))}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024     # Linux reports KiB
     lines.append(f"  process: RSS {_mb(psutil.Process().memory_info().rss)} now, peak {_mb(peak)}")
