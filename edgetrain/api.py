@@ -9,13 +9,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import budget
 from . import checkpoint as ckpt_io
 from .errors import EdgetrainError, InputError
 from .ir import Graph, TensorType
 from .plan import make_plan
 from .runtime import Program
 from .runtime.program import aligned_empty
-from .runtime.state import StateStore
+from .runtime.state import StateStore, planned_nbytes
 from .runtime.step import TrainingStep, check_loss, check_writes
 from .session import bind_feeds
 
@@ -221,6 +222,10 @@ class Module:
                 raise EdgetrainError(f"the checkpoint has no parameter '{p}' that the training model needs")
         self._check_shapes(graph_inputs, ckpt)
         frozen = [p for p in self._train.params if p not in set(trainable)]
+        self.max_memory = budget.resolve(max_memory)    # bytes the state, and each step's arena, may take
+        budget.check(planned_nbytes({p: graph_inputs[p].type for p in trainable},
+                                    {p: graph_inputs[p].type for p in frozen}), self.max_memory,
+                     "the training model's state (parameters, two gradient arrays, frozen parameters)")
         store = StateStore({p: self._value(ckpt, graph_inputs[p]) for p in trainable},
                            {p: self._value(ckpt, graph_inputs[p]) for p in frozen})
         state._store = store
@@ -234,7 +239,6 @@ class Module:
         self._steps: dict = {}               # the same keys, training model -> TrainingStep
         self._arena = None                   # shared by every program of the module: they never run at once
         self._bound: dict = {}               # (id(model io), (shape, dtype) per input) -> _Bound
-        self.max_memory = max_memory    # bytes each step's arena may take; planning fails beyond it
         self.training = True
 
     @staticmethod
@@ -423,6 +427,8 @@ class Optimizer:
         graph = _load(optimizer_uri)
         names = [v.name for v in graph.inputs]
         moments = [n for n in MOMENT_INPUTS if n in names]
+        budget.check(store.nbytes() + max(0, len(moments) - len(store.moments)) * store.params.nbytes,
+                     module.max_memory, "the state with the optimizer's moments")
         store.ensure_moments(len(moments))
         self.initial_learning_rate = DEFAULT_LEARNING_RATE
         self._restore(module._state._checkpoint, len(moments))

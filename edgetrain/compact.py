@@ -33,7 +33,8 @@ import struct
 import numpy as np
 
 from . import atomic
-from .errors import EdgetrainError, GraphError, ModelLoadError
+from .budget import checked_shape
+from .errors import EdgetrainError, GraphError, ModelLoadError, ShapeError
 from .ir import Graph, Node, SequenceType, TensorType, Value
 from .ir.dtypes import ONNX_TO_NUMPY
 
@@ -167,7 +168,10 @@ class _Reader:
         dtype = self.dtype(spec["dtype"], what)
         shape = self.shape(spec["shape"], what, symbolic=False)
         offset = spec["offset"]
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        try:     # exact: an int64 product could wrap around to a size that fits the file
+            nbytes = checked_shape(shape, dtype.itemsize, what)
+        except ShapeError as e:
+            raise self.error(str(e)) from None
         if not isinstance(offset, int) or offset < 0 or offset % ALIGN:
             raise self.error(f"{what} has an invalid data offset {offset!r} (must be a multiple of {ALIGN})")
         if offset + nbytes > len(self.data):

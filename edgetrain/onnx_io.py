@@ -79,6 +79,8 @@ def _tensor_type(vi, where: str) -> TensorType | SequenceType:
     if not vi.type.HasField("tensor_type"):
         raise UnsupportedOpError(f"{where} '{vi.name}' is not a tensor or a sequence of tensors")
     dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+    if any(isinstance(d, int) and d < 0 for d in dims):
+        raise ModelLoadError(f"{where} '{vi.name}' is declared with shape {list(dims)}: dims must be >= 0")
     return TensorType(to_numpy(tt.elem_type, f"{where} '{vi.name}'"), dims)
 
 

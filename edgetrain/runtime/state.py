@@ -13,7 +13,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import budget
 from ..errors import EdgetrainError
+from ..ir import TensorType
+
+
+def planned_nbytes(trainable: dict[str, TensorType], frozen: dict[str, TensorType]) -> int:
+    """Bytes a store for parameters of these declared types takes (before optimizer moments): parameters, two
+    gradient arrays, frozen copies. Dims are checked (integers >= 0, an exact size), so a model's declared
+    shapes can be weighed against the memory budget before anything is allocated."""
+    sizes = {}
+    for name, t in (trainable | frozen).items():
+        if not isinstance(t, TensorType):
+            raise EdgetrainError(f"parameter '{name}' is declared as {t}, not a tensor")
+        sizes[name] = budget.checked_shape(t.shape, t.dtype.itemsize, f"parameter '{name}'")
+    return 3 * sum(sizes[n] for n in trainable) + sum(sizes[n] for n in frozen)
 
 
 class StateStore:
