@@ -204,6 +204,8 @@ class Module:
 
     ``module(*inputs)`` runs a training step (accumulating gradients into the state, or overwriting them after
     ``lazy_reset_grad()``) or, after ``eval()``, an eval step. Returns the loss and any additional outputs.
+    A step whose loss is not finite, or that a kernel refuses, raises and leaves the state as it was.
+    ``max_memory`` (bytes; default ``edgetrain.budget``'s) bounds the state store and each step's arena.
     """
 
     def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None, device: str = "cpu",
