@@ -120,8 +120,10 @@ def to_graph(model) -> Graph:
                     n.name or f"{n.op_type}_{i}", n.domain if n.domain != "ai.onnx" else "")
         nodes.append(node)
     value_types = {}
-    for vi in g.value_info:
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in _KNOWN_ELEM_TYPES:
+    for vi in g.value_info:      # hints: one with a negative dim is dropped, not trusted
+        dims = vi.type.tensor_type.shape.dim
+        if (vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in _KNOWN_ELEM_TYPES
+                and all(d.dim_value >= 0 for d in dims)):
             value_types[vi.name] = _tensor_type(vi, "value")
     graph = Graph(nodes, inputs, outputs, initializers, opsets, value_types, g.name or "graph")
     return graph.verify()
