@@ -174,7 +174,9 @@ def profile(handles, step, steps: int) -> dict:
             current[label] = current.get(label, 0.0) + clock() - t
         return call
 
-    programs = [("train", p) for p in module._programs.values()] + [("optimizer", optimizer._program)]
+    # a training step and the optimizer have one program per gradient slot (edgetrain/runtime/step.py)
+    programs = [("train", p) for s in module._steps.values() for p in s.programs]
+    programs += [("optimizer", p) for p in optimizer._programs]
     for tag, prog in programs:
         labels = [s.label for s in prog.plan.steps if s.kind != "alias"]
         prog.calls = [(timed(fn, f"{tag} {label}"), args) for (fn, args), label in zip(prog.calls, labels)]

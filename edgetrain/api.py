@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import budget
 from . import checkpoint as ckpt_io
 from .errors import EdgetrainError, InputError
 from .ops import node_attr
@@ -16,7 +17,8 @@ from .ir import Graph, TensorType
 from .plan import make_plan
 from .runtime import Program
 from .runtime.program import aligned_empty
-from .runtime.state import StateStore
+from .runtime.state import StateStore, planned_nbytes
+from .runtime.step import TrainingStep, check_loss, check_writes
 from .session import bind_feeds
 
 BUFFER = "_grad.accumulation.buffer"
@@ -198,11 +200,10 @@ def _running_stats(graph: Graph) -> list[tuple[str, str]]:
 @dataclass
 class _Bound:
     """A program bound to a module for one set of input shapes."""
-    program: Program
+    program: Program                                 # training: the first of its step's programs
+    step: TrainingStep | None                        # training: runs, checks and commits (runtime/step.py)
     feed_order: list[int]                            # user-input position of each of plan.fed_inputs
     results: list[int]                               # program outputs the caller gets, loss first
-    stats: list[tuple[np.ndarray, np.ndarray]]       # (updated running statistic, the frozen array it replaces)
-    held: list[tuple[np.ndarray, str]]               # (gradient buffer the program overwrites, its parameter)
 
 
 class Module:
@@ -210,6 +211,8 @@ class Module:
 
     ``module(*inputs)`` runs a training step (accumulating gradients into the state, or overwriting them after
     ``lazy_reset_grad()``) or, after ``eval()``, an eval step. Returns the loss and any additional outputs.
+    A step whose loss is not finite, or that a kernel refuses, raises and leaves the state as it was.
+    ``max_memory`` (bytes; default ``edgetrain.budget``'s) bounds the state store and each step's arena.
     """
 
     def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None, device: str = "cpu",
@@ -228,6 +231,10 @@ class Module:
                 raise EdgetrainError(f"the checkpoint has no parameter '{p}' that the training model needs")
         self._check_shapes(graph_inputs, ckpt)
         frozen = [p for p in self._train.params if p not in set(trainable)]
+        self.max_memory = budget.resolve(max_memory)    # bytes the state, and each step's arena, may take
+        budget.check(planned_nbytes({p: graph_inputs[p].type for p in trainable},
+                                    {p: graph_inputs[p].type for p in frozen}), self.max_memory,
+                     "the training model's state (parameters, two gradient arrays, frozen parameters)")
         store = StateStore({p: self._value(ckpt, graph_inputs[p]) for p in trainable},
                            {p: self._value(ckpt, graph_inputs[p]) for p in frozen})
         state._store = store
@@ -238,10 +245,9 @@ class Module:
         self._reset = np.ones(1, np.bool_)     # the first step overwrites whatever the buffers held
         self._stats = _running_stats(self._train.graph)
         self._programs: dict = {}            # (id(model io), input shapes) -> Program
+        self._steps: dict = {}               # the same keys, training model -> TrainingStep
         self._arena = None                   # shared by every program of the module: they never run at once
-        self._kept = None                    # gradient sums kept aside during an accumulating step
         self._bound: dict = {}               # (id(model io), (shape, dtype) per input) -> _Bound
-        self.max_memory = max_memory    # bytes each step's arena may take; planning fails beyond it
         self.training = True
 
     @staticmethod
@@ -297,6 +303,10 @@ class Module:
         return arrays
 
     def _program(self, io: _ModelIO, feeds: dict[str, np.ndarray]) -> Program:
+        return self._planned(io, feeds)[0]
+
+    def _planned(self, io: _ModelIO, feeds: dict[str, np.ndarray]) -> tuple[Program, TrainingStep | None]:
+        """The program (and for training, the step) for these feeds' shapes, planned once per shape."""
         external = self._external(io)
         types = bind_feeds(io.graph.inputs, feeds | external, "training model" if io is self._train else
                            "eval model")
@@ -312,18 +322,30 @@ class Module:
                 # programs made before keep the smaller arena they were bound to; first plans are usually
                 # the largest batch, so later shapes (a last partial batch, eval) fit in it
                 self._arena = aligned_empty(plan.arena_bytes)
-            prog = self._programs[key] = Program(plan, external, self._arena)
-        return prog
+            if io is self._train:
+                step = self._steps[key] = self._training_step(plan, external)
+                prog = step.programs[0]
+            else:
+                check_writes(plan, set(), "eval step")
+                prog = Program(plan, external, self._arena)
+            self._programs[key] = prog
+        return prog, self._steps.get(key)
+
+    def _training_step(self, plan, external: dict[str, np.ndarray]) -> TrainingStep:
+        buffers = {b: b[: -len(BUFFER)] for b in external if b.endswith(BUFFER)}
+        # every run computes its own gradients into the spare slot; the step adds the sums when accumulating
+        fixed = {n: a for n, a in external.items() if n not in buffers} | {RESET: np.ones(1, np.bool_)}
+        stats = [(out, self._store.frozen[param]) for out, param in self._stats]
+        loss = self._train.outputs[0]
+        return TrainingStep(plan, fixed, buffers, self._store, self._arena, stats,
+                            (plan.spec.output_names.index(loss), loss))
 
     def _bind(self, io: _ModelIO, user_inputs) -> _Bound:
         """Validate the inputs, plan (once per input shape) and precompute what each call moves."""
-        prog = self._program(io, dict(zip(io.user_inputs, user_inputs)))
+        prog, step = self._planned(io, dict(zip(io.user_inputs, user_inputs)))
         names = prog.plan.spec.output_names
-        named = dict(zip(names, prog.outputs))
-        stats = [(named[out], self._store.frozen[param]) for out, param in self._stats] if io is self._train else []
-        held = [(prog.values[b], b[: -len(BUFFER)]) for b in prog.plan.direct_gradients]
-        return _Bound(prog, [io.user_inputs.index(n) for n in prog.plan.fed_inputs],
-                      [k for k, name in enumerate(names) if name in io.outputs], stats, held)
+        return _Bound(prog, step, [io.user_inputs.index(n) for n in prog.plan.fed_inputs],
+                      [k for k, name in enumerate(names) if name in io.outputs])
 
     def __call__(self, *user_inputs):
         io = self._io()
@@ -338,27 +360,15 @@ class Module:
         bound = self._bound.get(key)
         if bound is None:
             bound = self._bound[key] = self._bind(io, user_inputs)
-        accumulate = io is self._train and not self._reset[0]
-        if accumulate:       # the program overwrites these buffers with this step's gradient: keep the sums aside
-            if self._kept is None:
-                self._kept = np.empty_like(self._store.grads)
-            for buffer, param in bound.held:
-                np.copyto(self._store._view(self._kept, param), buffer)
-        outs = bound.program.run([user_inputs[k] for k in bound.feed_order])
-        if accumulate:
-            for buffer, param in bound.held:
-                np.add(buffer, self._store._view(self._kept, param), out=buffer)
-        if io is self._train:
+        inputs = [user_inputs[k] for k in bound.feed_order]
+        if bound.step is not None:       # commits only if the loss is finite and no kernel raised
+            outs = bound.step.run(inputs, accumulate=not self._reset[0])
             self._reset[0] = False
-            self._store.has_gradients = True
-            for updated, running_stat in bound.stats:
-                np.copyto(running_stat, updated)
-        loss = outs[bound.results[0]]
-        if not np.isfinite(loss).all():
-            raise EdgetrainError(f"loss '{io.outputs[0]}' is {loss.reshape(-1)[0]} (not finite): check the "
-                                 "inputs and the learning rate")
+        else:
+            outs = bound.program.run(inputs)
+            check_loss(outs, bound.results[0], io.outputs[0])
         if len(bound.results) == 1:
-            return np.array(loss)
+            return np.array(outs[bound.results[0]])
         return [np.array(outs[k]) for k in bound.results]
 
     def fixed_batch_size(self) -> int | None:
@@ -441,7 +451,14 @@ DEFAULT_LEARNING_RATE = 1e-3     # ORT's default for a fresh Optimizer
 
 class Optimizer:
     """Runs the optimizer model over the module's state store: parameters, gradients and moments are each one
-    flat array there, which is what the model's tensor-sequence inputs are bound to."""
+    flat array there, which is what the model's tensor-sequence inputs are bound to (once per gradient slot
+    of the store: ``runtime/step.py``).
+
+    ``step()`` does not look at the gradients' values: the module refuses a step with a non-finite loss, but a
+    finite loss with non-finite gradients updates into NaN, as onnxruntime and PyTorch do (checking would
+    cost a pass over every gradient per step). It is refused before it writes anything when there is no
+    gradient yet, and the step count advances only once the update has run.
+    """
 
     def __init__(self, optimizer_uri, module: Module):
         self._module, store = module, module._store
@@ -449,13 +466,16 @@ class Optimizer:
         graph = _load(optimizer_uri)
         names = [v.name for v in graph.inputs]
         moments = [n for n in MOMENT_INPUTS if n in names]
+        budget.check(store.nbytes() + max(0, len(moments) - len(store.moments)) * store.params.nbytes,
+                     module.max_memory, "the state with the optimizer's moments")
         store.ensure_moments(len(moments))
         self.initial_learning_rate = DEFAULT_LEARNING_RATE
         self._restore(module._state._checkpoint, len(moments))
         self._lr = np.array([self.initial_learning_rate], np.float32)
         self._step = np.zeros(1, np.int64)
         flat = TensorType(store.dtype, (store.size,))
-        arrays = {"learning_rate": self._lr, "step": self._step, "params": store.params, "gradients": store.grads}
+        arrays = {"learning_rate": self._lr, "step": self._step, "params": store.params,
+                  "gradients": store.grad_slots[0]}
         arrays |= {n: store.moments[k] for k, n in enumerate(moments)}
         unknown = [n for n in names if n not in arrays]
         if unknown:
@@ -466,8 +486,15 @@ class Optimizer:
         external = {n: arrays[n] for n in names}
         plan = make_plan(graph, types, [v.name for v in graph.outputs], external=external,
                          max_memory=module.max_memory)
-        self._program = Program(plan, external)
+        first = Program(plan, external)
+        self._programs = (first, Program(plan, external | ({"gradients": store.grad_slots[1]} if "gradients" in
+                                                           external else {}), first.arena))
         module._state._optimizer = self
+
+    @property
+    def _program(self) -> Program:
+        """The program reading the committed gradients."""
+        return self._programs[self._store.slot]
 
     def _restore(self, ckpt: ckpt_io.Checkpoint, moments: int) -> None:
         if not ckpt.optimizer_groups:
@@ -488,9 +515,9 @@ class Optimizer:
         if not self._store.has_gradients:
             raise EdgetrainError("Optimizer.step() before any gradient: run a training step (module(inputs...)) "
                                  "first")
-        self._store.step += 1
-        self._step[0] = self._store.step
+        self._step[0] = self._store.step + 1
         self._program.run([])
+        self._store.step += 1
 
     def set_learning_rate(self, learning_rate: float) -> None:
         self._lr[0] = learning_rate

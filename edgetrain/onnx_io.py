@@ -82,6 +82,8 @@ def _tensor_type(vi, where: str) -> TensorType | SequenceType:
     if not vi.type.HasField("tensor_type"):
         raise UnsupportedOpError(f"{where} '{vi.name}' is not a tensor or a sequence of tensors")
     dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+    if any(isinstance(d, int) and d < 0 for d in dims):
+        raise ModelLoadError(f"{where} '{vi.name}' is declared with shape {list(dims)}: dims must be >= 0")
     return TensorType(to_numpy(tt.elem_type, f"{where} '{vi.name}'"), dims)
 
 
@@ -121,8 +123,10 @@ def to_graph(model) -> Graph:
                     n.name or f"{n.op_type}_{i}", n.domain if n.domain != "ai.onnx" else "")
         nodes.append(node)
     value_types = {}
-    for vi in g.value_info:
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in _KNOWN_ELEM_TYPES:
+    for vi in g.value_info:      # hints: one with a negative dim is dropped, not trusted
+        dims = vi.type.tensor_type.shape.dim
+        if (vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in _KNOWN_ELEM_TYPES
+                and all(d.dim_value >= 0 for d in dims)):
             value_types[vi.name] = _tensor_type(vi, "value")
     graph = Graph(nodes, inputs, outputs, initializers, opsets, value_types, g.name or "graph")
     return check_attributes(graph.verify())

@@ -248,7 +248,8 @@ def _step_report(kind: str, model: str, prog, store, moments) -> StepReport:
 
 
 def _store_state(store) -> dict[str, int]:
-    return {"parameters": store.params.nbytes, "gradients": store.grads.nbytes,
+    # gradients: both slots (a training step writes the spare one and commits by swapping: runtime/step.py)
+    return {"parameters": store.params.nbytes, "gradients": sum(g.nbytes for g in store.grad_slots),
             "moments": sum(m.nbytes for m in store.moments),
             "frozen": sum(a.nbytes for a in store.frozen.values())}
 
@@ -284,13 +285,16 @@ def profile_artifacts(folder, batch_size: int | None = None, steps: int = 20, da
     optimizer_model.onnx when present) at ``batch_size`` over ``steps`` steady steps of each kind.
 
     ``data``: a ``.npz`` path (or a dict) of arrays named like the model's inputs, used instead of synthetic
-    inputs. ``max_memory`` (bytes) bounds each step's planned arena and the planned total (arenas, state and
-    constants); planning fails before anything runs, with a ``MemoryBudgetError`` that says what is needed.
+    inputs. ``max_memory`` (bytes; default: ``edgetrain.budget``'s) bounds each step's planned arena and the
+    planned total (arenas, state and constants); planning fails before anything runs, with a
+    ``MemoryBudgetError`` that says what is needed.
     """
+    from . import budget
     from .api import MOMENT_INPUTS, CheckpointState, Module, Optimizer
     from .kernels import _jit
 
     folder = Path(folder)
+    max_memory = budget.resolve(max_memory)
     for required in ("training_model.onnx", "checkpoint"):
         if not (folder / required).is_file():
             raise InputError(f"'{folder}' holds no {required}: expected the artifacts of generate_artifacts "

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import budget
 from .errors import InputError
 from .ir import Graph, TensorType, Value
 from .ir.dtypes import ORT_TYPE_NAME
@@ -71,7 +72,7 @@ class InferenceSession:
         from .compact import load_graph
 
         self.graph: Graph = load_graph(model)      # ONNX, or a compact .etm model (no onnx needed)
-        self.max_memory = max_memory
+        self.max_memory = budget.resolve(max_memory)     # None: the default budget (edgetrain.budget)
         self._programs: dict[tuple, Program] = {}
         self._where = f"model '{model}'" if isinstance(model, str) else f"graph '{self.graph.name}'"
 

@@ -4,6 +4,7 @@ Planned arenas against the naive sum, state bytes against the parameters onnx re
 checkpoint ORT wrote, steady steps against growth (RSS, anonymous memory, tracemalloc), budgets against planning.
 """
 import json
+import re
 
 import numpy as np
 import onnx
@@ -56,13 +57,14 @@ def test_state_bytes_are_the_parameters_onnx_and_the_checkpoint_hold(shared, mlp
     moments = [i.name for i in onnx.load(str(folder / "optimizer_model.onnx")).graph.input
                if i.name.endswith("order_moments")]
     assert len(moments) == 2                       # AdamW
-    assert mlp.state == {"parameters": from_onnx, "gradients": from_onnx, "moments": 2 * from_onnx,
+    # gradients: the committed array and the spare a training step writes before it commits
+    assert mlp.state == {"parameters": from_onnx, "gradients": 2 * from_onnx, "moments": 2 * from_onnx,
                          "frozen": sum(a.nbytes for a in ckpt.frozen.values())}
     assert from_onnx == MLP_PARAMS * 4 == sum(a.nbytes for a in ckpt.trainable.values())
     train, evaluation, optimizer = mlp.reports
     assert train.state == {"parameters": from_onnx, "gradients": from_onnx, "moments": 0, "frozen": 0}
     assert evaluation.state == {"parameters": from_onnx, "gradients": 0, "moments": 0, "frozen": 0}
-    assert optimizer.state == mlp.state
+    assert optimizer.state == mlp.state | {"gradients": from_onnx}
 
 
 def test_kernel_breakdown_covers_every_call(mlp):
@@ -149,12 +151,17 @@ def test_a_fixed_batch_is_not_silently_changed(shared):
 def test_budget_below_the_need_fails_before_any_step_naming_need_and_tensors(shared, mlp):
     folder = shared / "ort_artifacts" / "mlp"
     train = mlp.reports[0]
-    with pytest.raises(MemoryBudgetError) as e:
+    # mlp's state (parameters and both gradient arrays) outweighs its arena: the store is refused first
+    state = mlp.state["parameters"] + mlp.state["gradients"] + mlp.state["frozen"]
+    with pytest.raises(MemoryBudgetError, match=f"state .* needs {state} bytes"):
         profile_artifacts(folder, batch_size=64, steps=2, max_memory=train.arena_bytes - 1)
+    # cnn's arena outweighs its state: a budget between the two fails at planning, naming the arena's need
+    with pytest.raises(MemoryBudgetError) as e:
+        profile_artifacts(shared / "ort_artifacts" / "cnn", batch_size=32, steps=2, max_memory=2_000_000)
     text = str(e.value)
-    assert "training_model.onnx" in text and f"needs an arena of {train.arena_bytes} bytes" in text
-    # the largest tensor alive at the training peak (gradients go straight to the state store, not the arena)
-    assert "'input' float[64,784]" in text
+    assert re.search(r"training_model.onnx: .*needs an arena of \d+ bytes", text)
+    # the tensors alive at the training peak are named, with their types
+    assert re.search(r"largest tensors there: .*'[^']+' float\[32,", text)
     with pytest.raises(MemoryBudgetError, match=f"need {mlp.planned_bytes} bytes"):
         profile_artifacts(folder, batch_size=64, steps=2, max_memory=mlp.planned_bytes - 1)
     exact = profile_artifacts(folder, batch_size=64, steps=2, max_memory=mlp.planned_bytes)
@@ -164,11 +171,11 @@ def test_budget_below_the_need_fails_before_any_step_naming_need_and_tensors(sha
 
 def test_module_max_memory_fails_at_planning(shared):
     from edgetrain.api import CheckpointState, Module
-    folder = shared / "ort_artifacts" / "mlp"
+    folder = shared / "ort_artifacts" / "cnn"
     module = Module(folder / "training_model.onnx", CheckpointState.load_checkpoint(folder / "checkpoint"),
-                    max_memory=100_000)
+                    max_memory=1_000_000)      # holds cnn's state (0.6 MB), not its arena (4 MB)
     with pytest.raises(MemoryBudgetError, match=r"needs an arena of \d+ bytes .*largest tensors there"):
-        module(np.zeros((64, 784), np.float32), np.zeros(64, np.int64))
+        module(np.zeros((32, 1, 28, 28), np.float32), np.zeros(32, np.int64))
 
 
 def test_cli_json_parses_back(digits_artifacts, capsys):
@@ -181,7 +188,7 @@ def test_cli_json_parses_back(digits_artifacts, capsys):
     table = capsys.readouterr().out
     assert "train" in table and "top 2" in table
     assert main(["profile", str(digits_artifacts), "--batch-size", "8", "--max-memory", "1kB"]) == 2
-    assert "needs an arena of" in capsys.readouterr().err
+    assert "budget of 1000 bytes" in capsys.readouterr().err     # the state is refused first: 29 kB
 
 
 def test_sizes_parse_like_people_write_them():

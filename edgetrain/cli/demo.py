@@ -41,7 +41,7 @@ def memory_report(module, optimizer) -> list[str]:
                      f"for {shapes}")
     lines.append(f"  optimizer step: arena {_mb(optimizer._program.plan.arena_bytes)}")
     moments = sum(m.nbytes for m in store.moments)
-    lines.append(f"  state: parameters {_mb(store.params.nbytes)}, gradients {_mb(store.grads.nbytes)}, "
+    lines.append(f"  state: parameters {_mb(store.params.nbytes)}, gradients {_mb(store.grads.nbytes)} x 2 slots, "
                  f"optimizer moments {_mb(moments)}, frozen {_mb(sum(a.nbytes for a in store.frozen.values()))}")
     rss = psutil.Process().memory_info().rss
     # Linux reports ru_maxrss in KiB, sampled by the kernel less often than psutil reads RSS: never below now

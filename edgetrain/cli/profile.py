@@ -8,20 +8,9 @@ fail early, saying how much is needed and which tensors dominate.
 from __future__ import annotations
 
 import json
-import re
 import sys
 
-UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from '64MB', '1.5GB', '512KiB' or a plain count (kB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", text)
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in UNITS:
-        raise ValueError(f"'{text}' is not a size: write e.g. 64MB, 1.5GB, 512KiB or a number of bytes")
-    return int(float(m.group(1)) * UNITS[unit])
+from ..budget import parse_size
 
 
 def _size_arg(text: str) -> int:
@@ -42,7 +31,7 @@ def add_arguments(p):
                    help="arrays named like the model's inputs, used instead of synthetic inputs")
     p.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE",
                    help="memory budget, e.g. 64MB or 1.5GB: planning fails early if a step's arena or the "
-                        "planned total is over it")
+                        "planned total is over it (default: EDGETRAIN_MAX_MEMORY, else half the available memory)")
     p.add_argument("--top", type=int, default=10, help="kernels listed per step (default 10)")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--timeline", metavar="FILE", help="also draw the arena's buffers over the steps of each kind "

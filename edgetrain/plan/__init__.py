@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import config
+from .. import budget, config
 from ..errors import EdgetrainError, MemoryBudgetError
 from ..ir import Graph, TensorType
 from .fusion import Step, fuse
@@ -103,13 +103,16 @@ def make_plan(graph: Graph, input_types: dict[str, TensorType], output_names: li
               external=(), direct_gradients: bool = False) -> Plan:
     """``external``: inputs that a caller binds to persistent arrays (parameters, gradient buffers), which
     kernels may update in place; they take no arena bytes and are not copied per run.
+    ``max_memory``: bytes the arena and the constants (folded ones: before folding) may each take (None:
+    the default budget, ``edgetrain.budget``); planning fails before allocating beyond it.
     ``direct_gradients``: gradients go straight into their external accumulation buffers
     (listed in ``Plan.direct_gradients``); the caller then handles accumulation without reset."""
     external = frozenset(external)
+    max_memory = budget.resolve(max_memory)
     unknown = external - set(input_types)
     if unknown:
         raise EdgetrainError(f"external inputs {sorted(unknown)} are not inputs of graph '{graph.name}'")
-    spec = lower(specialize(graph, input_types, output_names, consts))
+    spec = lower(specialize(graph, input_types, output_names, consts, max_memory))
     redirected = direct_gradients_into(spec, external) if direct_gradients else []
     spec.output_names += redirected        # written by the program: fusion must materialize them
     steps = fuse(spec, enabled=config.fusion_enabled())
@@ -119,6 +122,8 @@ def make_plan(graph: Graph, input_types: dict[str, TensorType], output_names: li
     plan = Plan(spec, steps, memory, external, tuple(redirected))
     if max_memory is not None and plan.arena_bytes > max_memory:
         raise MemoryBudgetError(_over_budget(graph.name, plan, max_memory))
+    budget.check(sum(np.asarray(c).nbytes for c in spec.consts.values()), max_memory,
+                 f"graph '{graph.name}': its constants")
     if config.debug():
         print(f"edgetrain: {graph.name}: {plan.summary()}", file=sys.stderr)
     return plan

@@ -2,6 +2,11 @@
 
 A group stays open while only its own members read its values; the first outside reader seals it,
 and a sealed group runs before that reader. So a group never delays a value somebody else needs.
+
+A group is bounded (``MAX_FUSED_OPS`` ops, ``MAX_FUSED_INPUTS`` arrays read): Numba/LLVM's time and memory grow
+faster than linearly with a kernel's size (a 200-op chain: 5 s and 145 MB; 2000 ops: > 2 GiB), so a long chain
+becomes several kernels, each compiled in about a second. Variadic ops with more inputs are split into bounded
+pieces before fusion (``plan.lower``).
 """
 from __future__ import annotations
 
@@ -9,6 +14,9 @@ from dataclasses import dataclass, field
 
 from ..ir import TensorType
 from .specialize import Bound, Specialized
+
+MAX_FUSED_OPS = 32       # ops in one generated kernel
+MAX_FUSED_INPUTS = 16    # distinct arrays one generated kernel reads
 
 
 @dataclass(eq=False)
@@ -30,6 +38,7 @@ def fuse(spec: Specialized, enabled: bool = True) -> list[Step]:
     steps: list[Step] = []
     open_groups: list[Step] = []
     produced_by: dict[str, Step] = {}
+    reads: dict[Step, set[str]] = {}     # arrays an open group reads from outside it
     readers: dict[str, int] = {}
     for b in spec.nodes:
         for i in b.node.inputs:
@@ -53,13 +62,17 @@ def fuse(spec: Specialized, enabled: bool = True) -> list[Step]:
                          if o and (o in graph_outputs or readers.get(o, 0) > inside_reads.get(o, 0))]
         steps.append(group)
 
+    def fits(group: Step, node) -> bool:
+        outside = {i for i in node.inputs if i and produced_by.get(i) is not group}
+        return len(group.nodes) < MAX_FUSED_OPS and len(reads[group] | outside) <= MAX_FUSED_INPUTS
+
     for b in spec.nodes:
         node = b.node
         sources = [produced_by[i] for i in node.inputs if i in produced_by and produced_by[i] in open_groups]
         target = None
         if enabled and b.op.kind == "elementwise":
             out_shape = b.ctx.out_types[0].shape
-            target = next((g for g in sources if g.shape == out_shape), None)
+            target = next((g for g in sources if g.shape == out_shape and fits(g, node)), None)
         for g in dict.fromkeys(sources):
             if g is not target:
                 seal(g)
@@ -67,6 +80,8 @@ def fuse(spec: Specialized, enabled: bool = True) -> list[Step]:
             if target is None:
                 target = Step("fused", [], shape=b.ctx.out_types[0].shape)
                 open_groups.append(target)
+                reads[target] = set()
+            reads[target].update(i for i in node.inputs if i and produced_by.get(i) is not target)
             target.nodes.append(b)
             for o in node.outputs:
                 produced_by[o] = target

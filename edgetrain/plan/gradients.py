@@ -5,8 +5,8 @@ Training graphs (edgetrain's and onnxruntime's) end every parameter's gradient i
 ``buffer + grad``. Done literally that is one more pass over every parameter per step and an arena slot per
 gradient (mlp: 0.05 ms and 0.8 MB of its 1.2 MB arena). Here the node that computes ``grad`` writes the external
 buffer itself and the accumulator's flag becomes a constant; the accumulating case (no reset) becomes the
-caller's job: it keeps the redirected buffers' old contents aside during the run and adds them back after
-(``edgetrain.api.Module``). Planning applies it only when the caller asks (``make_plan(direct_gradients=True)``).
+caller's job: ``edgetrain.runtime.step`` runs into a spare gradient array and adds the committed sums when it
+commits. Planning applies it only when the caller asks (``make_plan(direct_gradients=True)``).
 """
 from __future__ import annotations
 

@@ -3,6 +3,10 @@
 - ``Gemm(A, B, C)`` -> ``FusedMatMul(A, B)`` then ``Add(acc, beta * C)``
 - ``Conv(X, W, B)`` -> ``Conv(X, W)`` then ``Add(acc, B viewed as [M, 1, ...])``
 - ``Dropout`` in inference mode (or with ratio 0) -> a view of its input, with an all-true mask
+- ``Sum``/``Max``/``Min``/``Mean`` of more than ``MAX_FUSED_INPUTS`` inputs -> a chain of bounded pieces, each
+  combining the previous piece with the next inputs in order (so the same operations in the same order: the
+  same result), then ``Div`` by the count for ``Mean``. One node with 1500 inputs would be one generated
+  kernel with 1500 arguments, which Numba compiles for minutes.
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import numpy as np
 
 from ..ir import Node, TensorType
 from ..ops import OP_TABLE, NodeContext
+from .fusion import MAX_FUSED_INPUTS
 from .specialize import Bound, Specialized, fold
 
 
@@ -79,11 +84,33 @@ def _dropout(e: _Emitter, b: Bound) -> bool:
         return False
     e.emit(node, "Identity", [node.inputs[0]], [node.outputs[0]], [ctx.out(0)])
     if len(node.outputs) > 1 and node.outputs[1]:
-        e.const(node.outputs[1], np.ones(ctx.out(1).shape, np.bool_))
+        # a view of one element: the mask's bytes are counted with the plan's constants, not spent here
+        e.const(node.outputs[1], np.broadcast_to(np.ones((), np.bool_), ctx.out(1).shape))
     return True
 
 
-RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "Dropout"): _dropout}
+def _variadic(e: _Emitter, b: Bound) -> bool:
+    ctx, node = b.ctx, b.node
+    if len(node.inputs) <= MAX_FUSED_INPUTS:
+        return False
+    y, dtype = node.outputs[0], ctx.out(0).dtype
+    op = "Sum" if node.op_type == "Mean" else node.op_type
+    take, rest, piece = node.inputs[:MAX_FUSED_INPUTS], node.inputs[MAX_FUSED_INPUTS:], 0
+    while True:
+        out = y if not rest and node.op_type != "Mean" else f"{y}/piece{piece}"
+        shape = np.broadcast_shapes(*(e.spec.types[i].shape for i in take))
+        e.emit(node, op, take, [out], [TensorType(dtype, shape)], opset=ctx.opset)
+        if not rest:
+            break
+        take, rest, piece = [out, *rest[:MAX_FUSED_INPUTS - 1]], rest[MAX_FUSED_INPUTS - 1:], piece + 1
+    if node.op_type == "Mean":
+        count = e.const(f"{y}/count", np.array(len(node.inputs), dtype))
+        e.emit(node, "Div", [out, count], [y], [ctx.out(0)], opset=14)
+    return True
+
+
+RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "Dropout"): _dropout, ("", "Sum"): _variadic,
+         ("", "Mean"): _variadic, ("", "Max"): _variadic, ("", "Min"): _variadic}
 
 
 def lower(spec: Specialized) -> Specialized:

@@ -2,6 +2,8 @@
 
 The result holds only static shapes; everything computable from shapes and constants (the shape
 arithmetic exporters emit around Reshape, Transpose of weights in an inference model, ...) is folded.
+Every inferred type is checked here, whatever op's rule made it: dims are integers >= 0 and the size is exact
+(no int64 wrap-around); constant folding stops before its results would exceed the memory budget.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import budget
 from ..errors import EdgetrainError, UnsupportedOpError
 from ..ir import Graph, TensorType
 from ..ir.dtypes import ORT_TYPE_NAME
@@ -40,11 +43,12 @@ ALWAYS_FOLD = {("", "Shape"), ("", "Size"), ("", "Constant")}
 
 
 def specialize(graph: Graph, input_types: dict[str, TensorType], output_names: list[str],
-               consts: dict[str, np.ndarray] | None = None) -> Specialized:
+               consts: dict[str, np.ndarray] | None = None, max_memory: int | None = None) -> Specialized:
     """Static types for every value of ``graph`` given concrete ``input_types``.
 
     ``consts`` are values known when planning (an inference model's initializers); names in
-    ``input_types`` override initializers of the same name.
+    ``input_types`` override initializers of the same name. ``max_memory`` (bytes; None: no bound) bounds
+    the sum of the constants folding makes; checked before each fold allocates.
     """
     known = dict(graph.initializers if consts is None else consts)
     for name in input_types:
@@ -52,6 +56,7 @@ def specialize(graph: Graph, input_types: dict[str, TensorType], output_names: l
     types = {name: TensorType(a.dtype, a.shape) for name, a in known.items()}
     types.update(input_types)
     kept: list[Bound] = []
+    folded = 0          # bytes of the constants folded so far
     for node in graph.nodes:
         opset = graph.opset(node.domain)
         op = lookup(node, opset)
@@ -62,12 +67,16 @@ def specialize(graph: Graph, input_types: dict[str, TensorType], output_names: l
         out_types = list(op.infer(ctx))
         out_types += [None] * (len(node.outputs) - len(out_types))
         ctx.out_types = out_types
+        nbytes = 0
         for name, t in zip(node.outputs, out_types):
             if name:
                 if t is None:
                     raise ctx.error(f"output '{name}' has no shape rule")
+                nbytes += _checked(ctx, name, t)
                 types[name] = t
         if _foldable(op, ctx):
+            folded += nbytes + sum(w.nbytes for w in (op.workspace(ctx) if op.workspace else []))
+            budget.check(folded, max_memory, f"constant folding (up to {node}, whose outputs take {nbytes} bytes)")
             for name, value in zip(node.outputs, fold(op, ctx)):
                 if name:
                     known[name] = value
@@ -78,6 +87,13 @@ def specialize(graph: Graph, input_types: dict[str, TensorType], output_names: l
             raise EdgetrainError(f"graph '{graph.name}' has no value named '{name}' to output")
     return Specialized(_prune(kept, output_names), list(input_types), list(output_names), types,
                        {k: v for k, v in known.items()})
+
+
+def _checked(ctx: NodeContext, name: str, t) -> int:
+    """Bytes of output ``name``: dims integers >= 0, the size exact (no int64 wrap-around)."""
+    if not isinstance(t, TensorType):     # a tensor sequence (optimizer models): no storage of its own
+        return 0
+    return budget.checked_shape(t.shape, t.dtype.itemsize, f"{ctx.node}: output '{name}'")
 
 
 def _check_dtype(op: OpDef, ctx: NodeContext):

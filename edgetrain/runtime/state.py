@@ -4,12 +4,30 @@ Each kind lives in one contiguous array, tensors in the training model's paramet
 program reads parameters and accumulates gradients through views, the optimizer updates everything in one
 pass over flat arrays, and ``get_contiguous_parameters`` is a view. Frozen parameters (batch-norm running
 statistics, frozen layers) are separate arrays.
+
+Gradients have two arrays (slots): ``grads`` is the committed one; a training step writes the other and
+``commit_gradients`` swaps them, so a refused step never touches the committed gradients
+(``edgetrain.runtime.step``).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .. import budget
 from ..errors import EdgetrainError
+from ..ir import TensorType
+
+
+def planned_nbytes(trainable: dict[str, TensorType], frozen: dict[str, TensorType]) -> int:
+    """Bytes a store for parameters of these declared types takes (before optimizer moments): parameters, two
+    gradient arrays, frozen copies. Dims are checked (integers >= 0, an exact size), so a model's declared
+    shapes can be weighed against the memory budget before anything is allocated."""
+    sizes = {}
+    for name, t in (trainable | frozen).items():
+        if not isinstance(t, TensorType):
+            raise EdgetrainError(f"parameter '{name}' is declared as {t}, not a tensor")
+        sizes[name] = budget.checked_shape(t.shape, t.dtype.itemsize, f"parameter '{name}'")
+    return 3 * sum(sizes[n] for n in trainable) + sum(sizes[n] for n in frozen)
 
 
 class StateStore:
@@ -24,7 +42,9 @@ class StateStore:
         self.offsets = dict(zip(self.names, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()))
         self.size = int(sum(sizes))
         self.params = np.empty(self.size, self.dtype)
-        self.grads = np.zeros(self.size, self.dtype)
+        self.grad_slots = (np.zeros(self.size, self.dtype), np.zeros(self.size, self.dtype))
+        self.slot = 0                 # which of grad_slots holds the committed gradients
+        self.grads = self.grad_slots[0]
         self.moments: list[np.ndarray] = []
         for n, a in trainable.items():
             np.copyto(self.param(n), a)
@@ -40,8 +60,18 @@ class StateStore:
     def param(self, name: str) -> np.ndarray:
         return self._view(self.params, name)
 
-    def grad(self, name: str) -> np.ndarray:
-        return self._view(self.grads, name)
+    def grad(self, name: str, slot: int | None = None) -> np.ndarray:
+        """The committed gradient of ``name``, or its view in gradient slot ``slot``."""
+        return self._view(self.grads if slot is None else self.grad_slots[slot], name)
+
+    def commit_gradients(self, accumulate: bool) -> None:
+        """The spare slot (a step's gradients) becomes the committed one; ``accumulate``: plus the old sums."""
+        spare = self.grad_slots[1 - self.slot]
+        if accumulate:
+            np.add(spare, self.grads, out=spare)
+        self.slot = 1 - self.slot
+        self.grads = spare
+        self.has_gradients = True
 
     def moment(self, k: int, name: str) -> np.ndarray:
         return self._view(self.moments[k], name)
@@ -51,5 +81,5 @@ class StateStore:
             self.moments.append(np.zeros(self.size, self.dtype))
 
     def nbytes(self) -> int:
-        return (self.params.nbytes + self.grads.nbytes + sum(m.nbytes for m in self.moments)
+        return (self.params.nbytes + sum(g.nbytes for g in self.grad_slots) + sum(m.nbytes for m in self.moments)
                 + sum(a.nbytes for a in self.frozen.values()))

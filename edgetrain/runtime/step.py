@@ -1,0 +1,113 @@
+"""A training step that changes the state only once it has succeeded.
+
+The state store keeps two gradient arrays: the committed one (what ``Parameter.grad`` and the optimizer read)
+and a spare. The training program is bound twice over one plan and one arena, once writing its gradients into
+each array; a step runs the one whose gradients land in the spare, checks the loss, and only then commits:
+running statistics are copied over their frozen arrays and the spare (plus the committed sums when
+accumulating) becomes the committed array. So a non-finite loss, or an error raised by any kernel of the
+program (a bad label found in the backward pass, ...), leaves parameters, gradients, running statistics,
+optimizer moments and the module's flags exactly as they were, and a normal step pays no copy for it (an
+accumulating step pays the one addition it always did). The price is memory: one more gradient-sized array.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import EdgetrainError
+from ..plan import Plan
+from .program import Program
+from .state import StateStore
+
+# inputs that an op's kernel writes in place (training.py kernels), by op key
+WRITES_INPUTS = {
+    ("com.microsoft", "InPlaceAccumulatorV2"): (0,),
+    ("com.microsoft", "AdamWOptimizer"): (2, 4, 5),
+    ("com.microsoft", "InplaceClipGradNorm"): (0,),
+    ("com.microsoft", "SGDOptimizerV2"): (1,),
+    ("ai.edgetrain", "SGDOptimizer"): (1, 3),
+}
+
+
+def written_externals(plan: Plan) -> dict[str, str]:
+    """External arrays the program writes -> the node that writes each (views resolved to their root)."""
+    root: dict[str, str] = {}
+    for step in plan.steps:
+        if step.kind == "alias":
+            root[step.outputs[0]] = root.get(step.inputs[0], step.inputs[0])
+    written = {}
+    for step in plan.steps:
+        if step.kind == "alias":
+            continue
+        for b in step.nodes:
+            node = b.node
+            targets = [o for o in node.outputs if o]
+            targets += [node.inputs[i] for i in WRITES_INPUTS.get(b.op.key, ()) if i < len(node.inputs)]
+            for name in targets:
+                name = root.get(name, name)
+                if name in plan.external:
+                    written.setdefault(name, str(node))
+    return written
+
+
+def check_loss(outputs: list[np.ndarray], index: int, name: str) -> None:
+    """Refuse a step whose loss (output ``index``) is not finite: raised before anything is committed."""
+    loss = outputs[index]
+    if (math.isfinite(loss.item()) if loss.size == 1 else np.isfinite(loss).all()):
+        return
+    shown = loss.reshape(-1)[~np.isfinite(loss.reshape(-1))][0]
+    raise EdgetrainError(f"loss '{name}' is {shown} (not finite): the step was refused and the state is as it was "
+                         "before it; check the inputs and the learning rate")
+
+
+def check_writes(plan: Plan, allowed: set[str], what: str) -> None:
+    """Refuse a program that writes an external array other than ``allowed`` (a model that would update a
+    parameter in place during a training or eval step, outside the commit)."""
+    bad = {name: node for name, node in written_externals(plan).items() if name not in allowed}
+    if bad:
+        name, node = next(iter(bad.items()))
+        raise EdgetrainError(f"{what}: {node} writes '{name}' in place; a {what} may write only its gradient "
+                             "buffers (parameters change only in the optimizer step)")
+
+
+class TrainingStep:
+    """One training plan bound to both gradient arrays of ``store``.
+
+    ``external``: the plan's external arrays except the gradient buffers (parameters, frozen arrays, and the
+    reset flag bound to a constant true: every run writes this step's own gradients). ``buffers``: gradient
+    buffer input -> its parameter. ``stats``: (output name, frozen array it replaces) per running statistic.
+    ``loss``: (output index, name).
+    """
+
+    def __init__(self, plan: Plan, external: dict[str, np.ndarray], buffers: dict[str, str], store: StateStore,
+                 arena: np.ndarray, stats: list[tuple[str, np.ndarray]], loss: tuple[int, str]):
+        check_writes(plan, set(buffers), "training step")
+        self.store, self.loss = store, loss
+        written = written_externals(plan)
+        self.programs: list[Program] = []
+        self.stats: list[list[tuple[np.ndarray, np.ndarray]]] = []
+        self.unwritten: list[list[np.ndarray]] = []     # buffers no step writes: their gradient is zero
+        for slot in (0, 1):
+            views = {b: store.grad(p, slot) for b, p in buffers.items()}
+            prog = Program(plan, external | views, arena)
+            named = dict(zip(plan.spec.output_names, prog.outputs))
+            self.programs.append(prog)
+            self.stats.append([(named[out], frozen) for out, frozen in stats])
+            self.unwritten.append([v for b, v in views.items() if b not in written])
+
+    @property
+    def plan(self) -> Plan:
+        return self.programs[0].plan
+
+    def run(self, inputs: list[np.ndarray], accumulate: bool) -> list[np.ndarray]:
+        """Run into the spare gradients, check the loss, commit; ``accumulate``: add the committed sums."""
+        spare = 1 - self.store.slot
+        for view in self.unwritten[spare]:
+            view.fill(0)
+        outs = self.programs[spare].run(inputs)
+        check_loss(outs, *self.loss)
+        for updated, running_stat in self.stats[spare]:
+            np.copyto(running_stat, updated)
+        self.store.commit_gradients(accumulate)
+        return outs
