@@ -371,6 +371,11 @@ class Module:
             return np.array(outs[bound.results[0]])
         return [np.array(outs[k]) for k in bound.results]
 
+    def planned_kernels(self) -> int:
+        """Kernel calls in every program this module has planned so far (one per input shape and model). An
+        edgetrain extension: the command line shows compile progress against it."""
+        return sum(prog.plan.n_kernels for prog in self._programs.values())
+
     def fixed_batch_size(self) -> int | None:
         """The batch size the current model's inputs fix (an integer first dimension), or None when the batch
         dimension is symbolic. An edgetrain extension: a model exported with a fixed batch cannot run a last,

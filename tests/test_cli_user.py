@@ -358,3 +358,19 @@ def test_ops_lists_the_table_with_opsets_and_gradients():
     grads = ok(cli("ops", "--gradients")).stdout.splitlines()[1:-1]
     assert all(line.split()[3] == "yes" for line in grads) and len(grads) == sum(
         op.vjp is not None for op in OP_TABLE.values())
+
+
+def test_compile_progress_counts_against_the_planned_kernels():
+    import io
+
+    from edgetrain.cli.progress import CompileWatcher, Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    screen = Terminal()
+    watcher = CompileWatcher(Progress(1, stream=screen), planned=lambda: 17)
+    for _ in range(3):
+        watcher.on_start(None)
+        watcher.on_end(None)
+    assert screen.getvalue().rstrip().endswith("compiling kernels 3/17 (first run; cached for later runs)")

@@ -2,6 +2,7 @@
 kernel-compilation progress on the first steps, and Ctrl-C that stops after the current step."""
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -23,7 +24,7 @@ class Progress:
         done = int(width * info.step / info.steps_per_epoch)
         self.stream.write(f"\repoch {info.epoch + 1}/{self.epochs} [{'#' * done}{'.' * (width - done)}] "
                           f"{info.step}/{info.steps_per_epoch} loss {info.mean_loss:.4f} "
-                          f"{info.samples_per_s:,.0f} samples/s ")
+                          + (f"{info.samples_per_s:,.0f} samples/s " if math.isfinite(info.samples_per_s) else ""))
         self.stream.flush()
 
     def note(self, text: str) -> None:
@@ -43,8 +44,10 @@ class CompileWatcher:
     "compiling kernels: k done" while it happens, and gives a clock that leaves compile time out, so throughput
     figures are about training. Without Numba (the trimmed runtime) nothing ever compiles."""
 
-    def __init__(self, progress: Progress):
+    def __init__(self, progress: Progress, planned=lambda: 0):
+        """``planned()``: how many kernel calls the programs planned so far make (the n of "k/n")."""
         self.progress, self.count, self.seconds, self.setup_seconds = progress, 0, 0.0, 0.0
+        self.planned = planned
         self._depth, self._t0, self._setup = 0, 0.0, time.perf_counter()
 
     def clock(self) -> float:
@@ -64,7 +67,7 @@ class CompileWatcher:
     def on_start(self, event) -> None:
         if self._depth == 0:      # kernels compile the helpers they inline: count the outermost only
             self._t0 = time.perf_counter()
-            self.progress.note(f"compiling kernels (first run; cached for later runs): {self.count} done ")
+            self._show()
         self._depth += 1
 
     def on_end(self, event) -> None:
@@ -72,7 +75,13 @@ class CompileWatcher:
         if self._depth == 0:
             self.count += 1
             self.seconds += time.perf_counter() - self._t0
-            self.progress.note(f"compiling kernels (first run; cached for later runs): {self.count} done ")
+            self._show()
+
+    def _show(self) -> None:
+        total = self.planned()
+        # kernels found in the disk cache are not compiled: k stays below n then
+        of = f"/{total}" if total >= self.count else ""
+        self.progress.note(f"compiling kernels {self.count}{of} (first run; cached for later runs) ")
 
     @contextmanager
     def watching(self):

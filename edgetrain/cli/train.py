@@ -9,7 +9,9 @@ installed: pip install 'edgetrain[plot]').
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import sys
 import time
 import zipfile
@@ -266,17 +268,19 @@ def run(args) -> int:
         log.write()
 
     progress = Progress(args.epochs, enabled=not args.no_progress)
-    compiles, interrupt = CompileWatcher(progress), Interrupt()
+    compiles, interrupt = CompileWatcher(progress, module.planned_kernels), Interrupt()
     position = {"epoch": epoch0, "step": skip}
 
     def on_step(info) -> None:           # called once the step, its optimizer update included, is done
-        if not compiles.setup_seconds:
+        if not compiles.setup_seconds:   # the first step planned and compiled: no throughput figure for it
             compiles.setup_done()
+            info = dataclasses.replace(info, samples_per_s=float("nan"))
         done = info.step == info.steps_per_epoch      # the epoch's last step: a checkpoint there starts the next
         position.update(epoch=info.epoch + done, step=0 if done else info.step)
         progress.step(info)
         log.add(kind="step", epoch=info.epoch + 1, step=info.step, global_step=info.epoch * steps_per_epoch
-                + info.step, loss=info.loss, lr=optimizer.get_learning_rate(), samples_per_s=info.samples_per_s)
+                + info.step, loss=info.loss, lr=optimizer.get_learning_rate(),
+                samples_per_s=info.samples_per_s if math.isfinite(info.samples_per_s) else None)
         if args.checkpoint_every and info.step % args.checkpoint_every == 0 and info.step < info.steps_per_epoch:
             save(info.epoch, info.step)
         if interrupt.requested:
