@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import compact
-from .errors import InputError
+from .errors import EdgetrainError, InputError
 
 
 @dataclass
@@ -174,8 +174,15 @@ def open_artifacts(folder, checkpoint=None, optimizer: bool = True):
     from .api import CheckpointState, Module, Optimizer
 
     files = artifact_files(folder)
-    state = CheckpointState.load_checkpoint(checkpoint or files["checkpoint"])
-    module = Module(files["training_model"], state, files["eval_model"])
+    path = checkpoint or files["checkpoint"]
+    state = CheckpointState.load_checkpoint(path)
+    try:
+        module = Module(files["training_model"], state, files["eval_model"])
+    except EdgetrainError as e:     # a checkpoint from other artifacts: say which files disagree
+        if "checkpoint" not in str(e):
+            raise
+        raise type(e)(f"checkpoint '{path}' does not fit the training model '{files['training_model']}': {e}") \
+            from None
     opt = None
     if optimizer:
         if files["optimizer_model"] is None:

@@ -374,3 +374,10 @@ def test_compile_progress_counts_against_the_planned_kernels():
         watcher.on_start(None)
         watcher.on_end(None)
     assert screen.getvalue().rstrip().endswith("compiling kernels 3/17 (first run; cached for later runs)")
+
+
+def test_a_checkpoint_of_other_artifacts_is_named(digits, shared, tmp_path):
+    _bn_cnn(tmp_path / "cnn.onnx")
+    ok(cli("artifacts", tmp_path / "cnn.onnx", "-o", tmp_path / "cnn"))
+    refused(cli("eval", digits / "art", "--data", digits / "test.npz", "--checkpoint", tmp_path / "cnn" / "checkpoint"),
+            f"checkpoint '{tmp_path / 'cnn' / 'checkpoint'}' does not fit the training model")
