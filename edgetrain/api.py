@@ -12,8 +12,8 @@ import numpy as np
 from . import budget
 from . import checkpoint as ckpt_io
 from .errors import EdgetrainError, InputError
-from .ops import node_attr
 from .ir import Graph, TensorType
+from .ops import node_attr
 from .plan import make_plan
 from .runtime import Program
 from .runtime.program import aligned_empty

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from . import checkpoint, onnxblock
 from .errors import EdgetrainError
-from .onnxblock.checkpoint_utils import checkpoint_of
 from .onnx_io import load_model, save_model
+from .onnxblock.checkpoint_utils import checkpoint_of
 
 
 class LossType(Enum):

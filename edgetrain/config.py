@@ -1,7 +1,7 @@
 """Switches read from the environment, and where edgetrain keeps its kernel cache."""
 import os
-import zlib
 import stat
+import zlib
 from pathlib import Path
 
 from .errors import CacheFolderError

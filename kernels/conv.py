@@ -16,7 +16,6 @@ from edgetrain.ops.conv import conv_geometry, conv_grad_outputs
 
 from ._jit import jit
 
-
 # Each (n, c) plane is first copied into a zero-padded scratch plane ``xp``, so the copy and multiply-add
 # loops below need no bounds logic. Loops run over 0-based ranges into sliced views: Numba then drops its
 # negative-index wraparound check and LLVM vectorizes them (about 2x faster im2col than clipping ranges

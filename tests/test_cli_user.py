@@ -279,8 +279,9 @@ def test_demo_leaves_nothing_behind_and_reports_a_consistent_peak(tmp_path):
 
 
 def test_reduce_prints_its_summary_once(monkeypatch, capsys, tmp_path):
-    from edgetrain.cli import main
     from edgetrain.minimal_build import runtime
+
+    from edgetrain.cli import main
 
     class Fake:
         wheel = tmp_path / "x.whl"
@@ -292,8 +293,9 @@ def test_reduce_prints_its_summary_once(monkeypatch, capsys, tmp_path):
         log(Fake().summary())
         return Fake()
     monkeypatch.setattr(runtime, "build", build)
-    from edgetrain.cli import reduce
     from edgetrain.minimal_build import reduce as minimal_reduce
+
+    from edgetrain.cli import reduce
     monkeypatch.setattr(minimal_reduce, "collect", lambda paths, dims: type("R", (), {"ops": [], "models": []}))
     monkeypatch.setattr(minimal_reduce, "write_configs", lambda required, out: ("a.config", "b.config"))
     monkeypatch.setattr(reduce, "write_artifacts", lambda paths, target: [tmp_path])

@@ -1,6 +1,7 @@
 """The installed package holds every module: pyproject's explicit package list names every package folder."""
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,7 +40,6 @@ def run(args) -> int:
 
     from ..errors import InputError
     from ..trainer import open_artifacts
-
     from .eval import trained_checkpoint
 
     folder = Path(args.output).resolve().parent

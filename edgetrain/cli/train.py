@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import sys
-import time
 import zipfile
 from pathlib import Path
 

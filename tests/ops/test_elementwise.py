@@ -12,7 +12,6 @@ import zlib
 import numpy as np
 import pytest
 from onnx import helper
-
 from oracle import assert_matches, model, run_edgetrain, run_reference
 
 import edgetrain

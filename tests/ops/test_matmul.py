@@ -6,7 +6,6 @@ import zlib
 import numpy as np
 import pytest
 from onnx import helper
-
 from oracle import assert_matches, model, run_edgetrain
 
 import edgetrain

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 from onnx import helper
+from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference
 
 from edgetrain.errors import ShapeError
-from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference
 
 pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, README "Platforms")
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import helper
+from oracle import model, run_edgetrain, run_onnxruntime, run_reference
 
 from edgetrain.errors import ShapeError
 from edgetrain.runtime import program
-from oracle import model, run_edgetrain, run_onnxruntime, run_reference
 
 pytestmark = [pytest.mark.arm64, pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # numpy: mean of empty
 

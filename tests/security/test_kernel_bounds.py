@@ -10,16 +10,15 @@ Numbers are compared with onnxruntime / the ONNX reference / the spec's numpy fo
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from onnx import helper
+from oracle import model, run_edgetrain, run_onnxruntime, run_reference
 
 from edgetrain.errors import InputError, ShapeError
-from oracle import model, run_edgetrain, run_onnxruntime, run_reference
 
 MS = "com.microsoft"
 # in range of the index type and out of range of the array; 2**40 used to segfault
