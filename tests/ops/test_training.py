@@ -66,6 +66,29 @@ def flat_state(rng, n=1000, kinds=("params", "gradients")) -> dict[str, np.ndarr
     return {k: rng.standard_normal(n).astype(np.float32) for k in kinds}
 
 
+# --- InPlaceAccumulatorV2 ------------------------------------------------------------------------------------
+
+def test_accumulator_adds_unless_told_to_overwrite():
+    """buffer = value after a reset, buffer + value otherwise (ORT's InPlaceAccumulatorV2): three steps with the
+    flag True, False, False leave g1 + g2 + g3 in the buffer, as numpy sums them; the updated copy equals it."""
+    rng = np.random.default_rng(11)
+    shape = (7, 5)
+    graph = Graph([Node("InPlaceAccumulatorV2", ["buffer", "grad", "reset"], ["done", "updated"], {}, "acc", MS)],
+                  [Value("buffer", TensorType(np.float32, shape)), Value("grad", TensorType(np.float32, shape)),
+                   Value("reset", TensorType(np.bool_, (1,)))],
+                  [Value("done", None), Value("updated", None)], {}, {"": 17, MS: 1}, name="acc").verify()
+    b = Bound(graph, {"buffer": rng.standard_normal(shape).astype(np.float32)},
+              {"grad": np.zeros(shape, np.float32), "reset": np.ones(1, bool)})
+    grads = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+    want = np.zeros(shape, np.float32)
+    for k, (g, reset) in enumerate(zip(grads, (True, False, False))):
+        want = g.copy() if reset else want + g
+        done, updated = b.run(grad=g, reset=np.array([reset]))
+        assert done.tolist() == [True]
+        np.testing.assert_allclose(b.state["buffer"], want, rtol=1e-6, err_msg=f"step {k}")
+        np.testing.assert_array_equal(updated, b.state["buffer"])
+
+
 # --- AdamW ------------------------------------------------------------------------------------------------------
 
 def adamw_reference(p, g, m, v, lr_, t, b1, b2, eps, wd, mode, correct_bias):
@@ -295,6 +318,37 @@ def test_sgd_momentum_is_torch_sgd(momentum, nesterov, wd):
         if momentum:
             buf = np.concatenate([opt.state[p]["momentum_buffer"].numpy().ravel() for p in params])
             np.testing.assert_allclose(b.state["first_order_moments"], buf, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("momentum,nesterov,wd", [(0.9, True, 0.0), (0.8, True, 0.01), (0.9, False, 0.0),
+                                                  (0.0, False, 0.05), (0.0, False, 0.0)])
+def test_sgd_built_by_onnxblock_is_torch_sgd(momentum, nesterov, wd):
+    """onnxblock.optim.SGD(momentum, nesterov, weight_decay) builds a model that trains as torch.optim.SGD with
+    the same arguments (plain SGD as ORT's SGDOptimizerV2, the rest as ai.edgetrain SGDOptimizer)."""
+    rng = np.random.default_rng(12)
+    shapes = [(5, 3), (3,)]
+    tensors = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    protos = [numpy_helper.from_array(t, f"p{k}") for k, t in enumerate(tensors)]
+    with onnxblock.empty_base() as builder:
+        onnxblock.optim.SGD(momentum=momentum, nesterov=nesterov, weight_decay=wd)((protos, []))
+        graph = builder.graph
+    params = [torch.tensor(t, requires_grad=True) for t in tensors]
+    opt = torch.optim.SGD(params, lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
+    n = sum(t.size for t in tensors)
+    names = {v.name for v in graph.inputs}
+    state = {"params": np.concatenate([t.ravel() for t in tensors]), "gradients": np.zeros(n, np.float32)}
+    state |= {"first_order_moments": np.zeros(n, np.float32)} if "first_order_moments" in names else {}
+    feeds = {"learning_rate": lr(0)} | ({"step": step(0)} if "step" in names else {})
+    b = Bound(graph, state, feeds)
+    for k in range(3):
+        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        for p, g in zip(params, grads):
+            p.grad = torch.tensor(g)
+        opt.step()
+        b.state["gradients"][:] = np.concatenate([g.ravel() for g in grads])
+        b.run(**(feeds | {"learning_rate": lr(0.1)}))
+        want = np.concatenate([p.detach().numpy().ravel() for p in params])
+        np.testing.assert_allclose(b.state["params"], want, rtol=1e-6, atol=1e-6, err_msg=f"step {k + 1}")
 
 
 def test_sgd_momentum_nesterov_needs_momentum():
