@@ -263,6 +263,36 @@ def test_optimizer_ops_are_stateful_and_not_differentiable():
         assert op.vjp is None and not op.deterministic and op.kind == "kernel", key
 
 
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_adamw_non_default_arguments_are_the_hugging_face_formula(bias_correction):
+    """onnxblock.optim.AdamW(bias_correction, betas, eps, weight_decay) built through onnxblock, 3 steps against
+    the Hugging Face AdamW formula in numpy (float64)."""
+    betas, eps, wd, rate = (0.8, 0.95), 1e-4, 0.1, 0.01
+    n = 40
+    proto = numpy_helper.from_array(np.zeros(n, np.float32), "w")
+    with onnxblock.empty_base() as builder:
+        onnxblock.optim.AdamW(bias_correction=bias_correction, betas=betas, eps=eps, weight_decay=wd)(([proto], []))
+        graph = builder.graph
+    rng = np.random.default_rng(21)
+    p = rng.standard_normal(n).astype(np.float32)
+    state = {"params": p, "gradients": np.zeros(n, np.float32), "first_order_moments": np.zeros(n, np.float32),
+             "second_order_moments": np.zeros(n, np.float32)}
+    b = Bound(graph, state, {"learning_rate": lr(0), "step": step(0)})
+    f = lambda v: float(np.float32(v))     # noqa: E731  (attributes are float32)
+    b1, b2, e, w = f(betas[0]), f(betas[1]), f(eps), f(wd)
+    want, m, v = p.astype(np.float64), np.zeros(n), np.zeros(n)
+    for t in range(1, 4):
+        g = rng.standard_normal(n).astype(np.float32)
+        b.state["gradients"][:] = g
+        b.run(learning_rate=lr(rate), step=step(t))
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g.astype(np.float64) ** 2
+        size = f(rate) * (np.sqrt(1 - b2 ** t) / (1 - b1 ** t) if bias_correction else 1.0)
+        want = want - size * m / (np.sqrt(v) + e)
+        want = want - f(rate) * w * want
+        np.testing.assert_allclose(b.state["params"], want, rtol=1e-5, atol=1e-6, err_msg=f"step {t}")
+
+
 # --- SGD --------------------------------------------------------------------------------------------------------
 
 def test_sgd_v2_matches_formula():
