@@ -415,6 +415,20 @@ def test_clip_grad_norm_is_torch(max_norm):
         np.testing.assert_array_equal(b.state["gradients"], flat)     # under the limit: untouched
 
 
+def test_clip_grad_norm_of_tiny_gradients_keeps_the_1e6():
+    """With ||g|| ~ 1e-5 the 1e-6 in max_norm / (||g|| + 1e-6) changes the scale by ~10%, so it is visible."""
+    rng = np.random.default_rng(13)
+    flat = (rng.standard_normal(50) * 1e-6).astype(np.float32)
+    norm = np.sqrt(np.sum(flat.astype(np.float64) ** 2))
+    param = torch.zeros(50, requires_grad=True)
+    param.grad = torch.tensor(flat)
+    torch.nn.utils.clip_grad_norm_([param], 1e-6)
+    b = Bound(optimizer_graph("InplaceClipGradNorm", {"max_norm": 1e-6, "norm_type": "fro"}), {"gradients": flat}, {})
+    b.run()
+    np.testing.assert_allclose(b.state["gradients"], flat * (1e-6 / (norm + 1e-6)), rtol=1e-5)
+    np.testing.assert_allclose(b.state["gradients"], param.grad.numpy(), rtol=1e-5)
+
+
 def test_clip_grad_norm_errors():
     with pytest.raises(ShapeError, match="InplaceClipGradNorm_node.*attribute 'norm_type' is 'inf'; allowed: fro"):
         _plan_error(optimizer_graph("InplaceClipGradNorm", {"norm_type": "inf"}),
