@@ -215,9 +215,12 @@ def test_save_with_optimizer_state_then_resume_continues_identically(shared, tmp
 BENCH = ["cnn", "digits", "mlp", "mobilenet", "transformer"]
 
 
-def _flow(folder, name, steps=3):
+def _flow(folder, name, steps=3, shared=None):
+    """3 AdamW steps on one batch, then an eval step: (training losses, eval loss, state). With ``shared``, the
+    first loss is checked against the cross-entropy of the bench model's logits at the checkpoint's parameters."""
     import onnx
     state = CheckpointState.load_checkpoint(folder / "checkpoint")
+    start = {n: np.array(p.data) for n, p in state.parameters}
     module = Module(folder / "training_model.onnx", state, folder / "eval_model.onnx")
     opt = Optimizer(folder / "optimizer_model.onnx", module)
     graph = onnx.load(str(folder / "training_model.onnx")).graph
@@ -229,6 +232,16 @@ def _flow(folder, name, steps=3):
     classes = {"transformer": 4}.get(name, 10)
     y = rng.integers(0, classes, dims[0])
     losses = _run(module, opt, [(x, y)] * steps)
+    if shared is not None:    # onnxruntime (on arm64 too) runs the forward model; cross-entropy in numpy
+        model = onnx.load(str(shared / "models" / f"{name}.onnx"))
+        for t in model.graph.initializer:
+            if t.name in start:
+                t.CopyFrom(onnx.numpy_helper.from_array(start[t.name], t.name))
+        logits = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {model.graph.input[0].name: x})[0].astype(np.float64)
+        shifted = logits - logits.max(1, keepdims=True)
+        want = -(shifted[np.arange(len(y)), y] - np.log(np.exp(shifted).sum(1))).mean()
+        np.testing.assert_allclose(losses[0], want, rtol=1e-5)
     module.eval()
     return losses, float(module(x, y)), state
 
@@ -236,7 +249,7 @@ def _flow(folder, name, steps=3):
 @pytest.mark.parametrize("name", [pytest.param("digits", marks=pytest.mark.arm64)] + [b for b in BENCH if b != "digits"])
 def test_whole_flow_on_ort_artifacts(shared, name):
     """(digits, the small one, is also the emulated arm64 stage's training run)"""
-    losses, eval_loss, _ = _flow(shared / "ort_artifacts" / name, name)
+    losses, eval_loss, _ = _flow(shared / "ort_artifacts" / name, name, shared=shared)
     assert losses[-1] < losses[0] and np.isfinite(eval_loss)
 
 
@@ -247,7 +260,7 @@ def test_whole_flow_on_edgetrain_artifacts_matches_ort_artifacts(shared, tmp_pat
     artifacts.generate_artifacts(str(shared / "models" / f"{name}.onnx"), requires_grad=list(ckpt.trainable),
                                  frozen_params=list(ckpt.frozen), loss=artifacts.LossType.CrossEntropyLoss,
                                  optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path)
-    ours, ours_eval, state = _flow(tmp_path, name)
+    ours, ours_eval, state = _flow(tmp_path, name, shared=shared)
     theirs, theirs_eval, _ = _flow(shared / "ort_artifacts" / name, name)
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ours_eval, theirs_eval, rtol=1e-4, atol=1e-5)
