@@ -11,7 +11,7 @@ import pytest
 import torch
 from onnx import helper, numpy_helper
 
-from edgetrain import artifacts, onnxblock
+from edgetrain import artifacts
 from edgetrain.api import CheckpointState, Module, Optimizer
 from edgetrain.errors import EdgetrainError
 
@@ -127,6 +127,24 @@ def test_nominal_checkpoint_flow(tmp_path):
                                    atol=1e-6, err_msg=n)
 
 
+def test_prefix_additional_outputs_and_loss_input_names(tmp_path):
+    """generate_artifacts(prefix, additional_output_names, loss_input_names): the prefixed files train, the
+    module returns the loss (torch's) and the extra output (numpy's forward), in that order."""
+    artifacts.generate_artifacts(tiny(), requires_grad=list(PARAMS), loss=artifacts.LossType.CrossEntropyLoss,
+                                 artifact_directory=tmp_path, prefix="p_", additional_output_names=["output"],
+                                 loss_input_names=["output"])
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["p_checkpoint", "p_eval_model.onnx",
+                                                           "p_training_model.onnx"]
+    state = CheckpointState.load_checkpoint(tmp_path / "p_checkpoint")
+    module = Module(tmp_path / "p_training_model.onnx", state, tmp_path / "p_eval_model.onnx")
+    loss, output = module(X, TARGETS["CrossEntropyLoss"])
+    w1, b1, w2, b2 = (PARAMS[n].astype(np.float64) for n in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"))
+    np.testing.assert_allclose(output, np.maximum(X @ w1.T + b1, 0) @ w2.T + b2, rtol=1e-5, atol=1e-6)
+    leaves = torch_leaves()
+    want = torch.nn.functional.cross_entropy(torch_forward(X, leaves)[1], torch.tensor(TARGETS["CrossEntropyLoss"]))
+    np.testing.assert_allclose(loss, want.item(), rtol=1e-5)
+
+
 # --- the command line, in subprocesses ----------------------------------------------------------------------
 
 def _cli(*argv) -> str:
@@ -139,8 +157,8 @@ def _cli(*argv) -> str:
 @pytest.mark.native
 def test_cli_options_against_numpy(tmp_path):
     """artifacts --loss mse --optimizer sgd --requires-grad (fc2 only); train --lr --seed (2 epochs of batch 5 over
-    12 samples: SGD replayed in numpy on the same batch order); eval --batch-size; export --outputs (two,
-    one of them hidden, run in onnxruntime)."""
+    12 samples: SGD replayed in numpy on the same batch order), then with --schedule linear --warmup-steps and
+    --eval-data; eval --batch-size; export --outputs (two, one of them hidden, run in onnxruntime)."""
     import onnxruntime
     onnx.save(tiny(), tmp_path / "tiny.onnx")
     target = TARGETS["MSELoss"]
@@ -167,6 +185,28 @@ def test_cli_options_against_numpy(tmp_path):
     out = _cli("eval", art, "--data", tmp_path / "train.npz", "--checkpoint", run / "checkpoint", "--batch-size", 5)
     want = ((hidden @ w2.T + b2 - target) ** 2).mean()
     assert float(out.split("eval loss ")[1].split()[0]) == pytest.approx(want, rel=1e-5)
+
+    # train --schedule linear --warmup-steps --eval-data: the documented schedule on the optimizer's step count,
+    # lr_k = lr * (k / warmup if k < warmup else (total - k) / (total - warmup)), and the epoch's eval loss
+    np.savez(tmp_path / "eval.npz", input=X[:7], target=target[:7])
+    out = _cli("train", art, "--data", tmp_path / "train.npz", "--eval-data", tmp_path / "eval.npz", "--epochs", 2,
+               "--batch-size", 5, "--lr", 0.3, "--seed", 7, "--schedule", "linear", "--warmup-steps", 2,
+               "-o", tmp_path / "linear", "--no-progress")
+    lw2, lb2 = PARAMS["fc2.weight"].astype(np.float64), PARAMS["fc2.bias"].astype(np.float64)
+    k, total, evals = 0, 2 * 3, []
+    for epoch in range(2):
+        order = np.random.default_rng([7, epoch]).permutation(len(X))
+        for start in range(0, len(X), 5):
+            idx = order[start:start + 5]
+            rate = 0.3 * (k / 2 if k < 2 else max(0.0, (total - k) / (total - 2)))
+            dy = 2 * (hidden[idx] @ lw2.T + lb2 - target[idx]) / dy_size(idx)
+            lw2, lb2 = lw2 - rate * dy.T @ hidden[idx], lb2 - rate * dy.sum(0)
+            k += 1
+        evals.append(((hidden[:7] @ lw2.T + lb2 - target[:7]) ** 2).mean())
+    linear = CheckpointState.load_checkpoint(tmp_path / "linear" / "checkpoint")
+    np.testing.assert_allclose(linear.parameters["fc2.weight"].data, lw2, rtol=1e-5, atol=1e-6)
+    printed = [float(line.split("eval loss ")[1]) for line in out.splitlines() if "eval loss" in line]
+    np.testing.assert_allclose(printed, evals, rtol=1e-3)     # printed with 4 decimals
 
     _cli("export", art, "-o", tmp_path / "inference.onnx", "--checkpoint", run / "checkpoint",
          "--outputs", "hidden", "output")
