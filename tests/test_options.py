@@ -156,9 +156,9 @@ def _cli(*argv) -> str:
 
 @pytest.mark.native
 def test_cli_options_against_numpy(tmp_path):
-    """artifacts --loss mse --optimizer sgd --requires-grad (fc2 only); train --lr --seed (2 epochs of batch 5 over
-    12 samples: SGD replayed in numpy on the same batch order), then with --schedule linear --warmup-steps and
-    --eval-data; eval --batch-size; export --outputs (two, one of them hidden, run in onnxruntime)."""
+    """artifacts --loss mse --optimizer sgd --requires-grad (fc2 only), then --frozen; train --lr --seed (2 epochs
+    of batch 5 over 12 samples: SGD replayed in numpy on the same batch order), then with --schedule linear
+    --warmup-steps and --eval-data; eval --batch-size; export --outputs (two, one hidden, run in onnxruntime)."""
     import onnxruntime
     onnx.save(tiny(), tmp_path / "tiny.onnx")
     target = TARGETS["MSELoss"]
@@ -181,6 +181,17 @@ def test_cli_options_against_numpy(tmp_path):
     assert sorted(n for n, p in trained.parameters if p.requires_grad) == ["fc2.bias", "fc2.weight"]
     np.testing.assert_allclose(trained.parameters["fc2.weight"].data, w2, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(trained.parameters["fc2.bias"].data, b2, rtol=1e-5, atol=1e-6)
+
+    # artifacts --frozen (fc1 kept fixed, every other float initializer trainable): the same two epochs of SGD
+    _cli("artifacts", tmp_path / "tiny.onnx", "-o", tmp_path / "art_frozen", "--loss", "mse", "--optimizer", "sgd",
+         "--frozen", "fc1.weight", "fc1.bias")
+    _cli("train", tmp_path / "art_frozen", "--data", tmp_path / "train.npz", "--epochs", 2, "--batch-size", 5,
+         "--lr", 0.3, "--seed", 7, "-o", tmp_path / "run_frozen", "--no-progress")
+    frozen = CheckpointState.load_checkpoint(tmp_path / "run_frozen" / "checkpoint")
+    assert {n: p.requires_grad for n, p in frozen.parameters} == {"fc1.weight": False, "fc1.bias": False,
+                                                                  "fc2.weight": True, "fc2.bias": True}
+    np.testing.assert_allclose(frozen.parameters["fc2.weight"].data, w2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(frozen.parameters["fc1.weight"].data, PARAMS["fc1.weight"])
 
     out = _cli("eval", art, "--data", tmp_path / "train.npz", "--checkpoint", run / "checkpoint", "--batch-size", 5)
     want = ((hidden @ w2.T + b2 - target) ** 2).mean()
