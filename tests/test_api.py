@@ -34,6 +34,39 @@ def test_gradients_accumulate_until_lazy_reset(shared):
     np.testing.assert_allclose(state.parameters["fc1.weight"].grad, once, rtol=1e-6)
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["direct gradients", "accumulator nodes"])
+def test_steps_without_reset_accumulate_the_sum_of_torchs_gradients(shared, monkeypatch, direct):
+    """Two training steps on two batches without lazy_reset_grad leave grad(batch 1) + grad(batch 2) in every
+    gradient buffer, with torch autograd (float64) as the oracle. Both ways a gradient reaches its buffer run:
+    written straight by its kernel (the module keeps the sum aside and adds it back), and, with that rewrite
+    switched off, through InPlaceAccumulatorV2's own add branch."""
+    import torch
+    import torch_ref
+
+    import edgetrain.plan
+    if not direct:
+        monkeypatch.setattr(edgetrain.plan, "direct_gradients_into", lambda spec, external: [])
+    d = shared / "ort_artifacts" / "digits"
+    rng = np.random.default_rng(3)
+    batches = [(rng.standard_normal((16, 64)).astype(np.float32), rng.integers(0, 10, 16)) for _ in range(2)]
+    state = CheckpointState.load_checkpoint(d / "checkpoint")
+    module = Module(d / "training_model.onnx", state)
+    params = {n: p.data for n, p in state.parameters if p.requires_grad}
+    for x, y in batches:
+        module(x, y)
+    (bound,) = module._bound.values()
+    accumulators = sum(b.node.op_type == "InPlaceAccumulatorV2" for s in bound.program.plan.steps for b in s.nodes)
+    assert accumulators == (0 if direct else len(params))
+    want = {p: 0.0 for p in params}
+    for x, y in batches:
+        _, g = torch_ref.loss_and_gradients(shared / "models" / "digits.onnx", {"input": x, "labels": y},
+                                            params, dtype=torch.float64)
+        want = {p: want[p] + g[p] for p in params}
+    for p in params:
+        np.testing.assert_allclose(state.parameters[p].grad, want[p], rtol=1e-4, atol=1e-5 * np.abs(want[p]).max(),
+                                   err_msg=p)
+
+
 def test_names_sizes_and_contiguous_parameters(shared):
     _, state, module = _mlp(shared)
     assert module.input_names() == ["input", "labels"]
@@ -43,6 +76,28 @@ def test_names_sizes_and_contiguous_parameters(shared):
     flat = module.get_contiguous_parameters(trainable_only=True)
     module.copy_buffer_to_parameters(np.zeros_like(flat))
     assert not state.parameters["fc3.bias"].data.any()
+
+
+@pytest.mark.parametrize("trainable_only", [True, False])
+def test_copy_buffer_to_parameters_fills_each_parameter_by_name(shared, trainable_only):
+    """The flat buffer is laid out as ORT lays it: parameters in the order the training model declares them as
+    inputs (read here with onnx, not through edgetrain), frozen ones (mobilenet's running statistics) included
+    when trainable_only=False. Each parameter, looked up by name, must hold its own slice."""
+    import onnx
+    d = shared / "ort_artifacts" / "mobilenet"
+    state = CheckpointState.load_checkpoint(d / "checkpoint")
+    module = Module(d / "training_model.onnx", state, d / "eval_model.onnx")
+    names = {n for n, p in state.parameters if p.requires_grad or not trainable_only}
+    order = [i.name for i in onnx.load(str(d / "training_model.onnx")).graph.input if i.name in names]
+    assert len(order) == len(names) and (trainable_only or any(not state.parameters[n].requires_grad
+                                                               for n in order))
+    sizes = [state.parameters[n].data.size for n in order]
+    buffer = np.arange(sum(sizes), dtype=np.float32)
+    module.copy_buffer_to_parameters(buffer, trainable_only=trainable_only)
+    offsets = np.cumsum([0] + sizes)
+    for n, start, stop in zip(order, offsets[:-1], offsets[1:]):
+        np.testing.assert_array_equal(state.parameters[n].data.reshape(-1), buffer[start:stop], err_msg=n)
+    np.testing.assert_array_equal(module.get_contiguous_parameters(trainable_only=trainable_only), buffer)
 
 
 def test_parameter_assignment_copies_in_and_checks_the_type(shared):
@@ -160,9 +215,12 @@ def test_save_with_optimizer_state_then_resume_continues_identically(shared, tmp
 BENCH = ["cnn", "digits", "mlp", "mobilenet", "transformer"]
 
 
-def _flow(folder, name, steps=3):
+def _flow(folder, name, steps=3, shared=None):
+    """3 AdamW steps on one batch, then an eval step: (training losses, eval loss, state). With ``shared``, the
+    first loss is checked against the cross-entropy of the bench model's logits at the checkpoint's parameters."""
     import onnx
     state = CheckpointState.load_checkpoint(folder / "checkpoint")
+    start = {n: np.array(p.data) for n, p in state.parameters}
     module = Module(folder / "training_model.onnx", state, folder / "eval_model.onnx")
     opt = Optimizer(folder / "optimizer_model.onnx", module)
     graph = onnx.load(str(folder / "training_model.onnx")).graph
@@ -174,6 +232,16 @@ def _flow(folder, name, steps=3):
     classes = {"transformer": 4}.get(name, 10)
     y = rng.integers(0, classes, dims[0])
     losses = _run(module, opt, [(x, y)] * steps)
+    if shared is not None:    # onnxruntime (on arm64 too) runs the forward model; cross-entropy in numpy
+        model = onnx.load(str(shared / "models" / f"{name}.onnx"))
+        for t in model.graph.initializer:
+            if t.name in start:
+                t.CopyFrom(onnx.numpy_helper.from_array(start[t.name], t.name))
+        logits = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {model.graph.input[0].name: x})[0].astype(np.float64)
+        shifted = logits - logits.max(1, keepdims=True)
+        want = -(shifted[np.arange(len(y)), y] - np.log(np.exp(shifted).sum(1))).mean()
+        np.testing.assert_allclose(losses[0], want, rtol=1e-5)
     module.eval()
     return losses, float(module(x, y)), state
 
@@ -181,7 +249,7 @@ def _flow(folder, name, steps=3):
 @pytest.mark.parametrize("name", [pytest.param("digits", marks=pytest.mark.arm64)] + [b for b in BENCH if b != "digits"])
 def test_whole_flow_on_ort_artifacts(shared, name):
     """(digits, the small one, is also the emulated arm64 stage's training run)"""
-    losses, eval_loss, _ = _flow(shared / "ort_artifacts" / name, name)
+    losses, eval_loss, _ = _flow(shared / "ort_artifacts" / name, name, shared=shared)
     assert losses[-1] < losses[0] and np.isfinite(eval_loss)
 
 
@@ -192,7 +260,7 @@ def test_whole_flow_on_edgetrain_artifacts_matches_ort_artifacts(shared, tmp_pat
     artifacts.generate_artifacts(str(shared / "models" / f"{name}.onnx"), requires_grad=list(ckpt.trainable),
                                  frozen_params=list(ckpt.frozen), loss=artifacts.LossType.CrossEntropyLoss,
                                  optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path)
-    ours, ours_eval, state = _flow(tmp_path, name)
+    ours, ours_eval, state = _flow(tmp_path, name, shared=shared)
     theirs, theirs_eval, _ = _flow(shared / "ort_artifacts" / name, name)
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ours_eval, theirs_eval, rtol=1e-4, atol=1e-5)

@@ -160,15 +160,17 @@ def test_a_node_without_a_rule_is_named():
 
 
 def test_dot_product_at_realistic_shapes():
+    """In float64: ReLU's kinks, crossed by many of the 16k hidden units at float32's eps, blur the check there
+    (float32 gradients of these layers are checked against torch in test_bench_gradients.py)."""
     rng = np.random.default_rng(0)
-    f32 = np.float32
-    params = {"w1": (rng.standard_normal((256, 784)) * 0.05).astype(f32), "b1": np.zeros(256, f32),
-              "w2": (rng.standard_normal((10, 256)) * 0.05).astype(f32), "b2": np.zeros(10, f32)}
-    consts = {"x": rng.standard_normal((64, 784)).astype(f32), "labels": rng.integers(0, 10, 64)}
+    f64 = np.float64
+    params = {"w1": (rng.standard_normal((256, 784)) * 0.05).astype(f64), "b1": np.zeros(256, f64),
+              "w2": (rng.standard_normal((10, 256)) * 0.05).astype(f64), "b2": np.zeros(10, f64)}
+    consts = {"x": rng.standard_normal((64, 784)).astype(f64), "labels": rng.integers(0, 10, 64)}
     nodes = [Node("Gemm", ["x", "w1", "b1"], ["h"], {"transB": 1}, "fc1"), Node("Relu", ["h"], ["r"], {}, "relu"),
              Node("Gemm", ["r", "w2", "b2"], ["o"], {"transB": 1}, "fc2"),
              Node("SoftmaxCrossEntropyLoss", ["o", "labels"], ["y"], {}, "sce")]
-    check_directional(nodes, params, ["y"], [TensorType(f32, ())], consts=consts)
+    check_directional(nodes, params, ["y"], [TensorType(f64, ())], consts=consts)
 
 
 @pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"])

@@ -186,9 +186,12 @@ def scale_oracle(attrs, x, s):
 
 
 def grad_inputs(rng, dt, pattern):
-    """(dY, X or Y) of one shape, as onnxruntime's element-wise gradient ops take them."""
+    """(dY, X or Y) of one shape, as onnxruntime's element-wise gradient ops take them. A third of X/Y is exactly
+    0, as in Relu's output, where ReluGrad must pass nothing (y > 0, not y >= 0)."""
     shape = shapes_for("same", rng)[0]
-    return {"dy": values(rng, shape, dt), "x": values(rng, shape, dt)}
+    x = values(rng, shape, dt)
+    x.reshape(-1)[::3] = 0
+    return {"dy": values(rng, shape, dt), "x": x}
 
 
 def _f64(f):

@@ -1,6 +1,7 @@
 """Softmax, LogSoftmax and SoftmaxCrossEntropyLoss against onnxruntime and the ONNX reference evaluator."""
 import numpy as np
 import pytest
+import torch
 from onnx import helper
 from oracle import assert_matches, model, run_edgetrain, run_onnxruntime, run_reference
 
@@ -119,3 +120,19 @@ def test_softmax_nan_stays_nan(op, axis):
     (y,) = run_edgetrain(model(helper.make_node(op, ["x"], ["y"], axis=axis), {"x": x}, ["y"]), {"x": x})
     bad = np.isnan(x).any(axis=axis, keepdims=True)
     np.testing.assert_array_equal(np.isnan(y), np.broadcast_to(bad, x.shape))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_sce_large_logits_match_onnxruntime_and_torch(reduction):
+    """Logits far beyond exp's range (|x| ~ 1000): only a max-subtracted log-sum-exp stays finite.
+    The label on the -5 logit makes the loss ~1005, the case where a missing max subtraction gives inf."""
+    x = np.array([[1000.0, 999.0, -5.0], [-1000.0, 0.0, 1000.0], [3.0, 2.0, 1.0]], np.float32)
+    labels = np.array([2, 0, 1], np.int64)
+    feeds = {"x": x, "labels": labels}
+    node = helper.make_node("SoftmaxCrossEntropyLoss", ["x", "labels"], ["loss", "log_prob"], reduction=reduction)
+    ours = assert_matches(model(node, feeds, ["loss", "log_prob"], opset=13), feeds, oracle=run_onnxruntime)
+    want = torch.nn.functional.cross_entropy(torch.tensor(x, dtype=torch.float64), torch.tensor(labels),
+                                             reduction=reduction).numpy()
+    np.testing.assert_allclose(ours[0], want, rtol=1e-6)
+    np.testing.assert_allclose(ours[1], torch.log_softmax(torch.tensor(x, dtype=torch.float64), 1).numpy(),
+                               rtol=1e-6, atol=1e-6)

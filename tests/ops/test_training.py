@@ -66,6 +66,29 @@ def flat_state(rng, n=1000, kinds=("params", "gradients")) -> dict[str, np.ndarr
     return {k: rng.standard_normal(n).astype(np.float32) for k in kinds}
 
 
+# --- InPlaceAccumulatorV2 ------------------------------------------------------------------------------------
+
+def test_accumulator_adds_unless_told_to_overwrite():
+    """buffer = value after a reset, buffer + value otherwise (ORT's InPlaceAccumulatorV2): three steps with the
+    flag True, False, False leave g1 + g2 + g3 in the buffer, as numpy sums them; the updated copy equals it."""
+    rng = np.random.default_rng(11)
+    shape = (7, 5)
+    graph = Graph([Node("InPlaceAccumulatorV2", ["buffer", "grad", "reset"], ["done", "updated"], {}, "acc", MS)],
+                  [Value("buffer", TensorType(np.float32, shape)), Value("grad", TensorType(np.float32, shape)),
+                   Value("reset", TensorType(np.bool_, (1,)))],
+                  [Value("done", None), Value("updated", None)], {}, {"": 17, MS: 1}, name="acc").verify()
+    b = Bound(graph, {"buffer": rng.standard_normal(shape).astype(np.float32)},
+              {"grad": np.zeros(shape, np.float32), "reset": np.ones(1, bool)})
+    grads = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+    want = np.zeros(shape, np.float32)
+    for k, (g, reset) in enumerate(zip(grads, (True, False, False))):
+        want = g.copy() if reset else want + g
+        done, updated = b.run(grad=g, reset=np.array([reset]))
+        assert done.tolist() == [True]
+        np.testing.assert_allclose(b.state["buffer"], want, rtol=1e-6, err_msg=f"step {k}")
+        np.testing.assert_array_equal(updated, b.state["buffer"])
+
+
 # --- AdamW ------------------------------------------------------------------------------------------------------
 
 def adamw_reference(p, g, m, v, lr_, t, b1, b2, eps, wd, mode, correct_bias):
@@ -240,6 +263,36 @@ def test_optimizer_ops_are_stateful_and_not_differentiable():
         assert op.vjp is None and not op.deterministic and op.kind == "kernel", key
 
 
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_adamw_non_default_arguments_are_the_hugging_face_formula(bias_correction):
+    """onnxblock.optim.AdamW(bias_correction, betas, eps, weight_decay) built through onnxblock, 3 steps against
+    the Hugging Face AdamW formula in numpy (float64)."""
+    betas, eps, wd, rate = (0.8, 0.95), 1e-4, 0.1, 0.01
+    n = 40
+    proto = numpy_helper.from_array(np.zeros(n, np.float32), "w")
+    with onnxblock.empty_base() as builder:
+        onnxblock.optim.AdamW(bias_correction=bias_correction, betas=betas, eps=eps, weight_decay=wd)(([proto], []))
+        graph = builder.graph
+    rng = np.random.default_rng(21)
+    p = rng.standard_normal(n).astype(np.float32)
+    state = {"params": p, "gradients": np.zeros(n, np.float32), "first_order_moments": np.zeros(n, np.float32),
+             "second_order_moments": np.zeros(n, np.float32)}
+    b = Bound(graph, state, {"learning_rate": lr(0), "step": step(0)})
+    f = lambda v: float(np.float32(v))     # noqa: E731  (attributes are float32)
+    b1, b2, e, w = f(betas[0]), f(betas[1]), f(eps), f(wd)
+    want, m, v = p.astype(np.float64), np.zeros(n), np.zeros(n)
+    for t in range(1, 4):
+        g = rng.standard_normal(n).astype(np.float32)
+        b.state["gradients"][:] = g
+        b.run(learning_rate=lr(rate), step=step(t))
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g.astype(np.float64) ** 2
+        size = f(rate) * (np.sqrt(1 - b2 ** t) / (1 - b1 ** t) if bias_correction else 1.0)
+        want = want - size * m / (np.sqrt(v) + e)
+        want = want - f(rate) * w * want
+        np.testing.assert_allclose(b.state["params"], want, rtol=1e-5, atol=1e-6, err_msg=f"step {t}")
+
+
 # --- SGD --------------------------------------------------------------------------------------------------------
 
 def test_sgd_v2_matches_formula():
@@ -297,6 +350,37 @@ def test_sgd_momentum_is_torch_sgd(momentum, nesterov, wd):
             np.testing.assert_allclose(b.state["first_order_moments"], buf, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("momentum,nesterov,wd", [(0.9, True, 0.0), (0.8, True, 0.01), (0.9, False, 0.0),
+                                                  (0.0, False, 0.05), (0.0, False, 0.0)])
+def test_sgd_built_by_onnxblock_is_torch_sgd(momentum, nesterov, wd):
+    """onnxblock.optim.SGD(momentum, nesterov, weight_decay) builds a model that trains as torch.optim.SGD with
+    the same arguments (plain SGD as ORT's SGDOptimizerV2, the rest as ai.edgetrain SGDOptimizer)."""
+    rng = np.random.default_rng(12)
+    shapes = [(5, 3), (3,)]
+    tensors = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    protos = [numpy_helper.from_array(t, f"p{k}") for k, t in enumerate(tensors)]
+    with onnxblock.empty_base() as builder:
+        onnxblock.optim.SGD(momentum=momentum, nesterov=nesterov, weight_decay=wd)((protos, []))
+        graph = builder.graph
+    params = [torch.tensor(t, requires_grad=True) for t in tensors]
+    opt = torch.optim.SGD(params, lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
+    n = sum(t.size for t in tensors)
+    names = {v.name for v in graph.inputs}
+    state = {"params": np.concatenate([t.ravel() for t in tensors]), "gradients": np.zeros(n, np.float32)}
+    state |= {"first_order_moments": np.zeros(n, np.float32)} if "first_order_moments" in names else {}
+    feeds = {"learning_rate": lr(0)} | ({"step": step(0)} if "step" in names else {})
+    b = Bound(graph, state, feeds)
+    for k in range(3):
+        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        for p, g in zip(params, grads):
+            p.grad = torch.tensor(g)
+        opt.step()
+        b.state["gradients"][:] = np.concatenate([g.ravel() for g in grads])
+        b.run(**(feeds | {"learning_rate": lr(0.1)}))
+        want = np.concatenate([p.detach().numpy().ravel() for p in params])
+        np.testing.assert_allclose(b.state["params"], want, rtol=1e-6, atol=1e-6, err_msg=f"step {k + 1}")
+
+
 def test_sgd_momentum_nesterov_needs_momentum():
     state = {k: np.zeros(4, np.float32) for k in STATE["SGDOptimizer"]}
     with pytest.raises(ShapeError, match="SGDOptimizer_node.*Nesterov momentum needs momentum > 0"):
@@ -329,6 +413,20 @@ def test_clip_grad_norm_is_torch(max_norm):
     np.testing.assert_array_equal(out, b.state["gradients"])
     if max_norm == 1000.0:
         np.testing.assert_array_equal(b.state["gradients"], flat)     # under the limit: untouched
+
+
+def test_clip_grad_norm_of_tiny_gradients_keeps_the_1e6():
+    """With ||g|| ~ 1e-5 the 1e-6 in max_norm / (||g|| + 1e-6) changes the scale by ~10%, so it is visible."""
+    rng = np.random.default_rng(13)
+    flat = (rng.standard_normal(50) * 1e-6).astype(np.float32)
+    norm = np.sqrt(np.sum(flat.astype(np.float64) ** 2))
+    param = torch.zeros(50, requires_grad=True)
+    param.grad = torch.tensor(flat)
+    torch.nn.utils.clip_grad_norm_([param], 1e-6)
+    b = Bound(optimizer_graph("InplaceClipGradNorm", {"max_norm": 1e-6, "norm_type": "fro"}), {"gradients": flat}, {})
+    b.run()
+    np.testing.assert_allclose(b.state["gradients"], flat * (1e-6 / (norm + 1e-6)), rtol=1e-5)
+    np.testing.assert_allclose(b.state["gradients"], param.grad.numpy(), rtol=1e-5)
 
 
 def test_clip_grad_norm_errors():
