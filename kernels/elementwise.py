@@ -45,6 +45,15 @@ def _extremum(fn):
     return template
 
 
+def _gelu(x, k):
+    """ai.onnx Gelu with approximate="tanh": 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))); else (and
+    com.microsoft's) the erf form 0.5 x (1 + erf(x / sqrt(2)))."""
+    if k.domain == "" and k.attr("approximate") == "tanh":
+        return (f"{k.T}(0.5) * {x} * ({k.T}(1.0) + math.tanh({k.T}(0.7978845608028654) * {x} * "
+                f"({k.T}(1.0) + {k.T}(0.044715) * {x} * {x})))")
+    return f"{k.T}(0.5) * {x} * ({k.T}(1.0) + {_erf(k, f'{x} * {k.T}(0.7071067811865476)')})"
+
+
 def _sigmoid(a, k):
     x, one = a[0], f"{k.T}(1.0)"   # exp only of -|x|: no overflow for large |x|
     return f"({one} / ({one} + math.exp(-{x})) if {x} >= 0 else math.exp({x}) / ({one} + math.exp({x})))"
@@ -64,7 +73,7 @@ SCALAR = {
     "Erf": lambda a, k: _erf(k, a[0]),
     "Exp": lambda a, k: f"math.exp({a[0]})",
     "Floor": lambda a, k: f"np.floor({a[0]})",
-    "Gelu": lambda a, k: f"{k.T}(0.5) * {a[0]} * ({k.T}(1.0) + {_erf(k, f'{a[0]} * {k.T}(0.7071067811865476)')})",
+    "Gelu": lambda a, k: _gelu(a[0], k),
     "Greater": lambda a, k: f"{a[0]} > {a[1]}",
     "GreaterOrEqual": lambda a, k: f"{a[0]} >= {a[1]}",
     # Python's max/min return their first argument when a comparison is false: x first keeps NaN NaN

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgetrain.ops.reduce import reduce_axes, reduced_shape
+from edgetrain.ops.reduce import arg_axis, axis_view, cumsum_axis, reduce_axes, reduced_shape
 
 from ._jit import jit
 
@@ -152,3 +152,65 @@ def _sum_of_squares(x):
     for v in x:
         s += np.float64(v) * v
     return s
+
+
+def cumsum(ctx):
+    outer, n, inner = axis_view(ctx, cumsum_axis(ctx))
+    exclusive, reverse = bool(ctx.attr("exclusive")), bool(ctx.attr("reverse"))
+
+    def run(x, _axis, y):
+        _cumsum(x.reshape(outer, n, inner), y.reshape(outer, n, inner), exclusive, reverse)
+    return run
+
+
+@jit
+def _cumsum(x, y, exclusive, reverse):
+    """y[o, k, i] = sum of x[o, :k(+1), i] (``reverse``: of x[o, k(+1):, i]); ``exclusive`` leaves x[o, k, i] out."""
+    outer, n, inner = x.shape
+    for o in range(outer):
+        for i in range(inner):
+            acc = x.dtype.type(0) if n == 0 else x[o, 0, i] - x[o, 0, i]
+            for r in range(n):
+                k = n - 1 - r if reverse else r
+                if exclusive:
+                    y[o, k, i] = acc
+                    acc += x[o, k, i]
+                else:
+                    acc += x[o, k, i]
+                    y[o, k, i] = acc
+
+
+def arg_max(ctx):
+    return _arg_launcher(ctx, True)
+
+
+def arg_min(ctx):
+    return _arg_launcher(ctx, False)
+
+
+def _arg_launcher(ctx, largest: bool):
+    outer, n, inner = axis_view(ctx, arg_axis(ctx))
+    last = bool(ctx.attr("select_last_index"))
+
+    def run(x, y):
+        _arg_extreme(x.reshape(outer, n, inner), y.reshape(outer, inner), largest, last)
+    return run
+
+
+@jit
+def _arg_extreme(x, y, largest, last):
+    """y[o, i] = the index along n of the largest (smallest) x[o, :, i]: the first one, or the last one on ties
+    (``last``); a NaN wins (the first NaN), as numpy's argmax/argmin."""
+    outer, n, inner = x.shape
+    for o in range(outer):
+        for i in range(inner):
+            best, v = 0, x[o, 0, i]
+            if v == v:
+                for r in range(1, n):
+                    c = x[o, r, i]
+                    if c != c:
+                        best = r
+                        break
+                    if (c > v if largest else c < v) or (last and c == v):
+                        best, v = r, c
+            y[o, i] = best

@@ -20,7 +20,9 @@ from edgetrain.ops.tensor import (
     slice_grad_view,
     slice_spec,
     split_sizes,
+    tile_repeats,
     transpose_perm,
+    trilu_mask,
 )
 
 from ._jit import jit
@@ -143,6 +145,28 @@ def split(ctx):
         for out, part in zip(args[n_in:], parts):
             if out is not None:
                 np.copyto(out, args[0][part])
+    return run
+
+
+def tile(ctx):
+    """Y viewed as [r0, d0, r1, d1, ...] takes X viewed as [1, d0, 1, d1, ...] by broadcasting: no copy of X."""
+    shape, reps = ctx.shape(0), tile_repeats(ctx)
+    split = tuple(v for r, d in zip(reps, shape) for v in (r, d))
+    ones = tuple(v for d in shape for v in (1, d))
+
+    def run(x, _repeats, y):
+        np.copyto(y.reshape(split), x.reshape(ones))
+    return run
+
+
+def trilu(ctx):
+    """Zeros, then X where the mask keeps it (NaN outside the triangle becomes 0, as ONNX says)."""
+    mask = trilu_mask(ctx)
+
+    def run(x, *args):
+        y = args[-1]
+        y.fill(0)
+        np.copyto(y, x, where=mask)
     return run
 
 

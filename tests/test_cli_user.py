@@ -354,9 +354,9 @@ def test_profile_draws_a_memory_timeline(tmp_path, shared):
 def test_ops_lists_the_table_with_opsets_and_gradients():
     from edgetrain.ops import OP_TABLE
     out = ok(cli("ops")).stdout.splitlines()
-    rows = {line.split()[0]: line.split() for line in out[1:-1]}
+    rows = {tuple(line.split()[:2]): line.split() for line in out[1:-1]}
     assert len(rows) == len(OP_TABLE) and out[-1].startswith(f"{len(OP_TABLE)} ops")
-    assert rows["Conv"][1:4] == ["ai.onnx", "11", "yes"] and rows["ReluGrad"][3] == "training"
+    assert rows["Conv", "ai.onnx"][2:4] == ["11", "yes"] and rows["ReluGrad", "com.microsoft"][3] == "training"
     grads = ok(cli("ops", "--gradients")).stdout.splitlines()[1:-1]
     assert all(line.split()[3] == "yes" for line in grads) and len(grads) == sum(
         op.vjp is not None for op in OP_TABLE.values())

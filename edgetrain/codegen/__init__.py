@@ -38,6 +38,7 @@ class _Scalar:
     def __init__(self, dtype: np.dtype, ctx):
         self.T = f"np.{np.dtype(dtype).name}" if np.dtype(dtype) != np.bool_ else "np.bool_"
         self.is_int = np.issubdtype(dtype, np.integer)
+        self.domain = ctx.node.domain      # ops of one name in two domains (Gelu) share a template
         self._ctx = ctx
 
     def attr(self, name: str):

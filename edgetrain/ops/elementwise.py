@@ -9,7 +9,7 @@ import numpy as np
 
 from ..ir import TensorType
 from ..ir.dtypes import FLOATS
-from .attrs import Flag, Float
+from .attrs import Flag, Float, String
 from .base import ALL_NUMERIC, NodeContext, OpDef, broadcast_shapes
 
 BOOL = np.dtype(np.bool_)
@@ -71,9 +71,33 @@ def _clip(ctx, x, lo=None, hi=None):
     return x
 
 
+GELU_TANH = (0.7978845608028654, 0.044715)     # sqrt(2 / pi), and the cubic term of the tanh approximation
+
+
 def _gelu(ctx, x):
+    if ctx.op.domain == "" and ctx.attr("approximate") == "tanh":
+        c, a = GELU_TANH
+        return (0.5 * x * (1.0 + np.tanh(c * (x + a * x ** 3)))).astype(x.dtype)
     from math import erf
     return (0.5 * x * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))).astype(x.dtype)
+
+
+def _gelu_vjp(g, dy):
+    """erf form: com.microsoft GeluGrad(dY, X); tanh form, with t = tanh(c x (1 + a x^2)):
+    dX = dY (0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)), in plain ops (fused into one loop)."""
+    if g.node.domain != "" or g.attr("approximate") == "none":
+        return g.emit("GeluGrad", [dy, g.x(0)], domain="com.microsoft")
+    c, a = GELU_TANH
+    x = g.x(0)
+    x2 = g.emit("Mul", [x, x])
+    t = g.emit("Tanh", [g.emit("Mul", [_c(g, c, "c"), g.emit("Mul", [x, g.emit("Add", [_c(g, 1, "one"), g.emit(
+        "Mul", [_c(g, a, "a"), x2])])])])])
+    slope = g.emit("Mul", [_c(g, c, "c"), g.emit("Add", [_c(g, 1, "one"), g.emit("Mul", [_c(g, 3 * a, "a3"), x2])])])
+    half = _c(g, 0.5, "half")
+    first = g.emit("Mul", [half, g.emit("Add", [_c(g, 1, "one"), t])])
+    second = g.emit("Mul", [g.emit("Mul", [half, x]), g.emit("Mul", [g.emit("Sub", [_c(g, 1, "one"), g.emit(
+        "Mul", [t, t])]), slope])])
+    return g.emit("Mul", [dy, g.emit("Add", [first, second])])
 
 
 def _erf(ctx, x):
@@ -248,7 +272,8 @@ GRADIENTS = {
     ("", "Sum"): _variadic_vjp(scale_by_count=False),
     ("", "Tanh"): _unary(lambda g, dy: g.emit("TanhGrad", [dy, g.y()], domain="com.microsoft")),
     ("", "Where"): _where_vjp,
-    ("com.microsoft", "Gelu"): _unary(lambda g, dy: g.emit("GeluGrad", [dy, g.x(0)], domain="com.microsoft")),
+    ("", "Gelu"): _unary(_gelu_vjp),
+    ("com.microsoft", "Gelu"): _unary(_gelu_vjp),
     ("com.microsoft", "Scale"): lambda g, dys: [g.emit("Scale", [dys[0], g.x(1)],
                                                        {"scale_down": g.attr("scale_down")}, "com.microsoft"),
                                                 None],
@@ -293,6 +318,8 @@ OPS = GRAD_OPS + (
     ew("Erf", _erf),
     ew("Exp", _np(np.exp)),
     ew("Floor", _np(np.floor)),
+    ew("Gelu", _gelu, since=20, attrs={"approximate": String("none", ("none", "tanh"))},
+       doc="approximate none (erf form) or tanh"),
     ew("Gelu", _gelu, domain="com.microsoft", since=1, doc="erf form"),
     ew("Greater", _np(np.greater), ALL_NUMERIC, out_dtype=BOOL),
     ew("GreaterOrEqual", _np(np.greater_equal), ALL_NUMERIC, out_dtype=BOOL, since=16),

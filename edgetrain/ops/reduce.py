@@ -6,9 +6,11 @@ or, with ``noop_with_empty_axes=1``, copies its input.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir import TensorType
 from ..ir.dtypes import FLOATS, INTS
-from .attrs import Flag, Ints
+from .attrs import Flag, Int, Ints
 from .base import NodeContext, OpDef, normalize_axis
 
 # the axes attribute is the pre-opset-18 form (ReduceSum: pre-13); later opsets take them as an input
@@ -114,7 +116,81 @@ def _reduce_all_l2_vjp(g, dys):
     return [g.emit("Mul", [g.x(i), scale]) if g.needs[i] else None for i in range(len(g.node.inputs))]
 
 
+# --- along one axis: CumSum, ArgMax, ArgMin -------------------------------------------------------------------
+
+def axis_view(ctx: NodeContext, axis: int) -> tuple[int, int, int]:
+    """X as [outer, n, inner] around ``axis`` (normalized)."""
+    shape = ctx.shape(0)
+    prod = lambda dims: int(np.prod(dims, dtype=np.int64))  # noqa: E731
+    return prod(shape[:axis]), shape[axis], prod(shape[axis + 1:])
+
+
+def cumsum_axis(ctx: NodeContext) -> int:
+    axis = ctx.const(1, "axis")
+    if axis.size != 1 or axis.dtype not in INTS:
+        raise ctx.error(f"axis must be one int32/int64 value, got {axis.dtype}{list(axis.shape)}")
+    return normalize_axis(ctx, int(axis.reshape(())), len(ctx.shape(0)))
+
+
+def _cumsum(ctx: NodeContext):
+    if not ctx.shape(0):
+        raise ctx.error("input must have rank >= 1")
+    cumsum_axis(ctx)
+    return [ctx.type(0)]
+
+
+def _cumsum_fold(ctx, x, axis):
+    axis = cumsum_axis(ctx)
+    flip = (lambda a: np.flip(a, axis)) if ctx.attr("reverse") else (lambda a: a)
+    y = np.cumsum(flip(x), axis=axis, dtype=x.dtype)
+    if ctx.attr("exclusive"):
+        y = y - flip(x)
+    return flip(y)
+
+
+def _cumsum_vjp(g, dys):
+    """dX = the sums of dY taken the other way: CumSum(dY, axis, exclusive, reverse = not reverse)."""
+    return [g.emit("CumSum", [dys[0], g.x(1)], {"exclusive": g.attr("exclusive"),
+                                                 "reverse": 1 - g.attr("reverse")}), None]
+
+
+def arg_axis(ctx: NodeContext) -> int:
+    shape = ctx.shape(0)
+    if not shape:
+        raise ctx.error("input must have rank >= 1")
+    axis = normalize_axis(ctx, ctx.attr("axis"), len(shape))
+    if shape[axis] == 0:
+        raise ctx.error(f"axis {axis} is empty: there is no element to pick")
+    return axis
+
+
+def _arg(ctx: NodeContext):
+    shape, axis = ctx.shape(0), arg_axis(ctx)
+    out = tuple(1 if d == axis else n for d, n in enumerate(shape) if ctx.attr("keepdims") or d != axis)
+    return [TensorType(np.int64, out)]
+
+
+def _arg_fold(pick):
+    def fold(ctx, x):
+        axis = arg_axis(ctx)
+        if ctx.attr("select_last_index"):
+            idx = x.shape[axis] - 1 - pick(np.flip(x, axis), axis=axis)
+        else:
+            idx = pick(x, axis=axis)
+        return np.expand_dims(idx, axis) if ctx.attr("keepdims") else idx
+    return fold
+
+
+ARG_ATTRS = {"axis": Int(0), "keepdims": Flag(1), "select_last_index": Flag(0)}
+
 OPS = (
+    OpDef("ArgMax", _arg, since=13, kernel="reduce.arg_max", fold=_arg_fold(np.argmax), dtypes=FLOATS + INTS,
+          attrs=ARG_ATTRS, doc="int64 indices; the first NaN wins, as numpy's argmax"),
+    OpDef("ArgMin", _arg, since=13, kernel="reduce.arg_min", fold=_arg_fold(np.argmin), dtypes=FLOATS + INTS,
+          attrs=ARG_ATTRS, doc="int64 indices; the first NaN wins, as numpy's argmin"),
+    OpDef("CumSum", _cumsum, since=14, kernel="reduce.cumsum", fold=_cumsum_fold, dtypes=FLOATS + INTS,
+          vjp=_cumsum_vjp, attrs={"exclusive": Flag(0), "reverse": Flag(0)},
+          doc="axis (input 1) must be known when planning"),
     OpDef("ReduceAllL2", _reduce_all_l2, domain="com.microsoft", since=1, kernel="reduce.reduce_all_l2",
           vjp=_reduce_all_l2_vjp, doc="the L2 norm of all elements of all inputs, a scalar"),
     OpDef("ReduceMax", _reduce, since=18, kernel="reduce.reduce_max", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp,

@@ -656,6 +656,77 @@ def _dropout_eval_form(node, opset):
     return type(node)(node.op_type, inputs, list(node.outputs), dict(node.attrs), node.name, node.domain)
 
 
+# --- Range, Trilu, Tile ---------------------------------------------------------------------------------------
+
+RANGE_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int16, np.int32, np.int64))
+
+
+def range_length(ctx: NodeContext) -> int:
+    """ONNX Range: max(ceil((limit - start) / delta), 0) elements; the inputs must be known when planning (a
+    model's arange over a sequence length computed from shapes folds to one)."""
+    start, limit, delta = (ctx.const(i, what).reshape(()).item() for i, what in enumerate(("start", "limit", "delta")))
+    if len({ctx.type(i).dtype for i in range(3)}) > 1 or any(ctx.shape(i) != () for i in range(3)):
+        raise ctx.error("start, limit and delta must be scalars of one element type")
+    if delta == 0:
+        raise ctx.error("delta must not be 0")
+    if ctx.type(0).dtype.kind in "iu":
+        return max(-((start - limit) // delta), 0)      # exact ceiling division in integers
+    return max(int(np.ceil((limit - start) / delta)), 0)
+
+
+def _range_fold(ctx, start, limit, delta):
+    dtype = ctx.type(0).dtype
+    return (start + np.arange(range_length(ctx), dtype=dtype) * delta).astype(dtype)
+
+
+def trilu_mask(ctx: NodeContext) -> np.ndarray:
+    """The [M, N] bool mask of the kept elements: j - i >= k (upper) or j - i <= k (lower)."""
+    shape = ctx.shape(0)
+    if len(shape) < 2:
+        raise ctx.error(f"input must have rank >= 2, got shape {shape}")
+    k = int(ctx.const(1, "k").reshape(())) if ctx.has_input(1) else 0
+    offset = np.arange(shape[-1])[None, :] - np.arange(shape[-2])[:, None]
+    return offset >= k if ctx.attr("upper") else offset <= k
+
+
+def _trilu(ctx):
+    trilu_mask(ctx)
+    return [ctx.type(0)]
+
+
+def _trilu_vjp(g, dys):
+    """Trilu is linear: dX = Trilu(dY) with the same k and upper."""
+    inputs = [dys[0]] + ([g.x(1)] if _has(g, 1) else [])
+    return [g.emit("Trilu", inputs, {"upper": g.attr("upper")}), None]
+
+
+def tile_repeats(ctx: NodeContext) -> tuple[int, ...]:
+    shape = ctx.shape(0)
+    reps = tuple(int(r) for r in ctx.const(1, "repeats").reshape(-1))
+    if len(reps) != len(shape) or min(reps, default=0) < 0:
+        raise ctx.error(f"repeats {list(reps)} must be {len(shape)} non-negative counts, one per axis of {shape}")
+    return reps
+
+
+def _tile(ctx):
+    return [_t(ctx, [d * r for d, r in zip(ctx.shape(0), tile_repeats(ctx))])]
+
+
+def _tile_vjp(g, dys):
+    """dX = sum over the copies: dY viewed as [r0, d0, r1, d1, ...], summed over the r axes."""
+    reps = [int(r) for r in g.const_input(1).reshape(-1)] if g.const_input(1) is not None else None
+    if reps is None:
+        raise g.error("repeats must be a constant to differentiate")
+    shape = g.shape_of(g.x(0))
+    parts = []
+    for axis, r in enumerate(reps):
+        parts.append(g.const([r], np.int64, "repeat"))
+        parts.append(g.emit("Slice", [shape, g.const([axis], np.int64, "start"), g.const([axis + 1], np.int64, "end")]))
+    split = g.emit("Reshape", [dys[0], g.emit("Concat", parts, {"axis": 0})])
+    axes = g.const(list(range(0, 2 * len(reps), 2)), np.int64, "axes")
+    return [g.emit("ReduceSum", [split, axes], {"keepdims": 0}), None]
+
+
 # --- attribute schemas (ONNX's, for opsets 13 and later; older attribute forms where edgetrain reads them) -----
 
 AXES_ATTR = {"axes": Ints()}      # Squeeze/Unsqueeze before opset 13 (later: an input)
@@ -688,6 +759,8 @@ OPS = OPS_FOLD + (
     OpDef("Identity", _identity, since=19, kind="alias", dtypes=ANY, vjp=lambda g, dys: [dys[0]]),
     OpDef("Pad", _pad, since=19, kernel="tensor.pad", dtypes=ANY, vjp=_pad_vjp,
           attrs={"mode": String("constant", ("constant", "reflect", "edge", "wrap")), "pads": Ints()}),
+    OpDef("Range", lambda ctx: [_t(ctx, (range_length(ctx),))], since=11, kind="fold", dtypes=RANGE_DTYPES,
+          fold=_range_fold, doc="folded when planning: start, limit and delta must be known then"),
     OpDef("Reshape", _reshape, since=19, kind="alias", dtypes=ANY, vjp=_view_vjp, attrs={"allowzero": Flag(0)}),
     OpDef("Resize", _resize, since=19, kernel="tensor.resize", dtypes=RESIZE_DTYPES, vjp=_resize_vjp,
           attrs=RESIZE_ATTRS,
@@ -700,6 +773,10 @@ OPS = OPS_FOLD + (
     OpDef("Split", _split, since=18, kernel="tensor.split", dtypes=ANY, vjp=_split_vjp,
           attrs={"axis": Int(0), "num_outputs": Int(low=1), "split": Ints(low=0)}),
     OpDef("Squeeze", _squeeze, kind="alias", dtypes=ANY, vjp=_view_vjp, attrs=AXES_ATTR),
+    OpDef("Tile", _tile, since=13, kernel="tensor.tile", dtypes=ANY, vjp=_tile_vjp,
+          doc="copies into a [r0, d0, r1, d1, ...] view of Y; gradient: ReduceSum over the copies"),
     OpDef("Transpose", _transpose, kernel="tensor.transpose", dtypes=ANY, vjp=_transpose_vjp, attrs={"perm": Ints()}),
+    OpDef("Trilu", _trilu, since=14, kernel="tensor.trilu", dtypes=ANY, vjp=_trilu_vjp, attrs={"upper": Flag(1)},
+          doc="k (optional input) must be known when planning"),
     OpDef("Unsqueeze", _unsqueeze, kind="alias", dtypes=ANY, vjp=_view_vjp, attrs=AXES_ATTR),
 )

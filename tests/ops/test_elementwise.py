@@ -498,3 +498,26 @@ def test_unsupported_dtype_names_the_node():
     m = model(helper.make_node("Exp", ["x"], ["y"], name="int_exp"), {"x": x}, ["y"])
     with pytest.raises(EdgetrainError, match="int_exp"):
         _plan(m, {"x": x})
+
+
+# --- ai.onnx Gelu (opset 20): both approximations ------------------------------------------------------------
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+def test_onnx_gelu_against_the_reference_and_onnxruntime(approximate, dtype):
+    x = np.linspace(-6, 6, 60).astype(dtype).reshape(5, 12)
+    m = model(helper.make_node("Gelu", ["x"], ["y"], approximate=approximate), {"x": x}, ["y"], opset=20)
+    assert_matches(m, {"x": x}, oracle=run_reference)
+    if dtype == F32:                   # onnxruntime implements Gelu for float only
+        from oracle import run_onnxruntime
+        assert_matches(m, {"x": x}, oracle=run_onnxruntime)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_onnx_gelu_gradient_by_finite_differences(approximate):
+    from gradcheck import check_gradients
+
+    from edgetrain.ir import Node, TensorType
+    x = np.linspace(-4, 4, 24).reshape(4, 6)
+    check_gradients([Node("Gelu", ["x"], ["y"], {"approximate": approximate}, "gelu")], {"x": x}, ["y"],
+                    [TensorType(F64, (4, 6))], opset=20)

@@ -107,3 +107,49 @@ def test_reduce_bad_axes(axes):
     node, inits = _node("ReduceSum", 13, axes)
     with pytest.raises(ShapeError, match="axis|axes"):
         run_edgetrain(model(node, {"x": x}, ["y"], initializers=inits, opset=13), {"x": x})
+
+
+# --- along one axis: CumSum, ArgMax, ArgMin ----------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64], ids=str)
+def test_cumsum_against_onnxruntime(axis, exclusive, reverse, dtype):
+    x = (np.random.default_rng(axis + 3).standard_normal((3, 4, 5)) * 5).astype(dtype)
+    m = model(helper.make_node("CumSum", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse), {"x": x}, ["y"],
+              initializers={"a": np.array(axis, np.int32)})
+    assert_matches(m, {"x": x}, oracle=run_onnxruntime)
+
+
+def test_cumsum_gradient_by_finite_differences():
+    from gradcheck import check_gradients
+
+    from edgetrain.ir import Node, TensorType
+    x = np.random.default_rng(0).standard_normal((3, 4))
+    for exclusive in (0, 1):
+        for reverse in (0, 1):
+            check_gradients([Node("CumSum", ["x", "a"], ["y"], {"exclusive": exclusive, "reverse": reverse}, "cs")],
+                            {"x": x}, ["y"], [TensorType(np.float64, (3, 4))], consts={"a": np.array(1, np.int64)})
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("last", [0, 1])
+def test_arg_extremes_against_onnxruntime(op, axis, keepdims, last):
+    rng = np.random.default_rng(7)
+    for x in (rng.standard_normal((3, 4, 5)).astype(np.float32), rng.integers(0, 3, (3, 4, 5)).astype(np.int64)):
+        m = model(helper.make_node(op, ["x"], ["y"], axis=axis, keepdims=keepdims, select_last_index=last), {"x": x},
+                  ["y"])
+        assert_matches(m, {"x": x}, oracle=run_onnxruntime)       # integer data: ties, first or last
+
+
+def test_arg_extremes_pick_the_first_nan_and_refuse_an_empty_axis():
+    x = np.array([[1.0, np.nan, 3.0, np.nan], [2.0, 0.0, -1.0, 5.0]], np.float32)
+    for op in ("ArgMax", "ArgMin"):
+        assert_matches(model(helper.make_node(op, ["x"], ["y"], axis=1), {"x": x}, ["y"]), {"x": x},
+                       oracle=run_reference)
+    empty = np.zeros((2, 0), np.float32)
+    with pytest.raises(ShapeError, match="axis 1 is empty"):
+        run_edgetrain(model(helper.make_node("ArgMax", ["x"], ["y"], axis=1), {"x": empty}, ["y"]), {"x": empty})

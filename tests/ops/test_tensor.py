@@ -860,3 +860,75 @@ def test_resize_grad_kernel_is_the_adjoint_of_onnxruntime_resize(attrs, scales):
     dx, = run_edgetrain(m, {"dy": dy, "x": x})
     assert dx.shape == x.shape
     np.testing.assert_allclose(np.vdot(y.astype(np.float64), dy), np.vdot(x.astype(np.float64), dx), rtol=1e-5)
+
+
+# --- Range, Trilu, Tile ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype, start, limit, delta", [
+    (np.float32, 0.5, 3.2, 0.7), (np.float64, 5.0, -1.0, -1.5), (np.int64, 10, -3, -4), (np.int32, 0, 7, 2),
+    (np.int64, 3, 3, 1), (np.int64, 5, 0, 1), (np.int16, -2, 9, 3)], ids=str)
+def test_range_folds_as_the_spec_says(dtype, start, limit, delta):
+    """start + i * delta for max(ceil((limit - start) / delta), 0) elements, against the ONNX reference (whose
+    float arithmetic is the spec's formula; onnxruntime accumulates) and onnxruntime for integers."""
+    consts = {"s": np.array(start, dtype), "l": np.array(limit, dtype), "d": np.array(delta, dtype)}
+    x = np.zeros(1, np.float32)
+    m = model([helper.make_node("Range", ["s", "l", "d"], ["r"]), helper.make_node("Identity", ["r"], ["y"])],
+              {"x": x}, ["y"], initializers=consts)
+    assert_matches(m, {"x": x}, oracle=run_reference if np.dtype(dtype).kind == "f" else run_onnxruntime)
+
+
+def test_range_of_a_shape_folds_and_a_fed_limit_is_named():
+    """nanoGPT's positions: Range(0, Shape(x)[1], 1) folds when planning; a limit fed at run time is refused."""
+    x = np.zeros((2, 7), np.float32)
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], start=1, end=2),
+             helper.make_node("Squeeze", ["shape", "zero"], ["t"]),
+             helper.make_node("Range", ["s", "t", "d"], ["y"])]
+    consts = {"s": np.array(0, np.int64), "d": np.array(1, np.int64), "zero": np.array([0], np.int64)}
+    (y,) = run_edgetrain(model(nodes, {"x": x}, ["y"], initializers=consts), {"x": x})
+    np.testing.assert_array_equal(y, np.arange(7))
+    fed = model([helper.make_node("Range", ["s", "t", "d"], ["y"])], {"t": np.array(5, np.int64)}, ["y"],
+                initializers={"s": np.array(0, np.int64), "d": np.array(1, np.int64)})
+    with pytest.raises(ShapeError, match="'limit'.*must be a constant"):
+        run_edgetrain(fed, {"t": np.array(5, np.int64)})
+    zero = model([helper.make_node("Range", ["s", "l", "d"], ["y"])], {"x": x}, ["y"],
+                 initializers={"s": np.array(0, np.int64), "l": np.array(3, np.int64), "d": np.array(0, np.int64)})
+    with pytest.raises(ShapeError, match="delta must not be 0"):
+        run_edgetrain(zero, {"x": x})
+
+
+@pytest.mark.parametrize("upper", [0, 1])
+@pytest.mark.parametrize("k", [None, -2, 0, 1, 7])
+@pytest.mark.parametrize("shape", [(4, 5), (2, 3, 6, 4)], ids=str)
+def test_trilu_against_onnxruntime(upper, k, shape):
+    x = rng_for("trilu", upper, k, shape).standard_normal(shape).astype(np.float32)
+    inputs, consts = ["x"], {}
+    if k is not None:
+        inputs.append("k")
+        consts["k"] = np.array(k, np.int64)
+    m = model(helper.make_node("Trilu", inputs, ["y"], upper=upper), {"x": x}, ["y"], initializers=consts)
+    assert_matches(m, {"x": x}, oracle=run_onnxruntime)
+
+
+def test_trilu_zeroes_nan_outside_the_triangle_and_keeps_integers():
+    x = np.full((3, 3), np.nan, np.float32)
+    (y,) = run_edgetrain(model(helper.make_node("Trilu", ["x"], ["y"]), {"x": x}, ["y"]), {"x": x})
+    assert np.isnan(y[np.triu_indices(3)]).all() and (y[np.tril_indices(3, -1)] == 0).all()
+    xi = np.arange(12, dtype=np.int64).reshape(3, 4)
+    assert_matches(model(helper.make_node("Trilu", ["x"], ["y"], upper=0), {"x": xi}, ["y"]), {"x": xi},
+                   oracle=run_onnxruntime)
+
+
+@pytest.mark.parametrize("reps", [(1, 1, 1), (2, 1, 3), (1, 4, 1), (3, 2, 2), (0, 1, 2)], ids=str)
+def test_tile_against_onnxruntime(reps):
+    x = rng_for("tile", reps).standard_normal((2, 3, 4)).astype(np.float32)
+    m = model(helper.make_node("Tile", ["x", "r"], ["y"]), {"x": x}, ["y"], initializers={"r": np.array(reps, np.int64)})
+    assert_matches(m, {"x": x}, oracle=run_onnxruntime)
+
+
+def test_trilu_and_tile_gradients_by_finite_differences():
+    f64 = lambda *s: TensorType(np.float64, s)  # noqa: E731
+    x = rng_for("grad").standard_normal((2, 3, 4))
+    check_gradients([Node("Trilu", ["x", "k"], ["y"], {"upper": 0}, "tri")], {"x": x}, ["y"], [f64(2, 3, 4)],
+                    consts={"k": np.array(1, np.int64)})
+    check_gradients([Node("Tile", ["x", "r"], ["y"], {}, "tile")], {"x": x}, ["y"], [f64(4, 3, 12)],
+                    consts={"r": np.array([2, 1, 3], np.int64)})
