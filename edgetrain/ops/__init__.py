@@ -32,12 +32,9 @@ def supported_ops() -> list[str]:
 
 # near alternatives for ops users meet that the table lacks: what to export instead
 ALTERNATIVES = {
-    ("", "Gelu"): "Gelu from com.microsoft is supported: export with the erf form (torch's default GELU, "
-                  "opset <= 19) or replace it by 0.5 * x * (1 + Erf(x / sqrt(2)))",
     ("", "Einsum"): "export the contraction as MatMul/Transpose (e.g. torch.matmul instead of torch.einsum)",
     ("", "NegativeLogLikelihoodLoss"): "use SoftmaxCrossEntropyLoss (the CrossEntropy loss of edgetrain.artifacts)",
-    ("", "Range"): "compute the range outside the model and pass it as an input or an initializer",
-    ("", "Trilu"): "pass the mask as an initializer (a causal mask is a constant for a fixed sequence length)",
+    ("", "TopK"): "for a sort used as an argmax, export torch.argmax (ArgMax is supported)",
 }
 
 
