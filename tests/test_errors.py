@@ -33,7 +33,8 @@ def test_unsupported_op_points_to_the_same_op_in_another_domain():
     m = model(helper.make_node("LayerNormalization", ["x", "s"], ["y"], name="act", domain="com.microsoft"),
               {"x": np.ones(2, np.float32), "s": np.ones(2, np.float32)}, ["y"])
     with pytest.raises(UnsupportedOpError, match="'act'.*LayerNormalization from ai.onnx is supported"):
-        edgetrain.InferenceSession(m.SerializeToString()).run(None, {"x": np.ones(2, np.float32)})
+        edgetrain.InferenceSession(m.SerializeToString()).run(None, {"x": np.ones(2, np.float32),
+                                                                     "s": np.ones(2, np.float32)})
 
 
 def test_unsupported_domain_is_named():
