@@ -195,7 +195,7 @@ def test_cli_options_against_numpy(tmp_path):
 
     out = _cli("eval", art, "--data", tmp_path / "train.npz", "--checkpoint", run / "checkpoint", "--batch-size", 5)
     want = ((hidden @ w2.T + b2 - target) ** 2).mean()
-    assert float(out.split("eval loss ")[1].split()[0]) == pytest.approx(want, rel=1e-5)
+    assert float(out.split("eval loss ")[1].split(",")[0].split()[0]) == pytest.approx(want, rel=1e-5)
 
     # train --schedule linear --warmup-steps --eval-data: the documented schedule on the optimizer's step count,
     # lr_k = lr * (k / warmup if k < warmup else (total - k) / (total - warmup)), and the epoch's eval loss
@@ -216,7 +216,7 @@ def test_cli_options_against_numpy(tmp_path):
         evals.append(((hidden[:7] @ lw2.T + lb2 - target[:7]) ** 2).mean())
     linear = CheckpointState.load_checkpoint(tmp_path / "linear" / "checkpoint")
     np.testing.assert_allclose(linear.parameters["fc2.weight"].data, lw2, rtol=1e-5, atol=1e-6)
-    printed = [float(line.split("eval loss ")[1]) for line in out.splitlines() if "eval loss" in line]
+    printed = [float(line.split("eval loss ")[1].split(",")[0]) for line in out.splitlines() if "eval loss" in line]
     np.testing.assert_allclose(printed, evals, rtol=1e-3)     # printed with 4 decimals
 
     _cli("export", art, "-o", tmp_path / "inference.onnx", "--checkpoint", run / "checkpoint",

@@ -67,7 +67,8 @@ def plan_error(op, feeds, consts=None, attrs=None, outputs=("out",), opset=17, n
 def test_every_tensor_op_is_covered():
     tested = {"Constant", "ConstantOfShape", "Shape", "Size", "Cast", "Concat", "Dropout", "Expand",
               "Flatten", "Gather", "Identity", "Pad", "Reshape", "Resize", "Slice", "Split", "Squeeze",
-              "Transpose", "Unsqueeze", "GatherGrad", "SliceGrad", "DropoutGrad", "ResizeGrad"}
+              "Transpose", "Unsqueeze", "GatherGrad", "SliceGrad", "DropoutGrad", "ResizeGrad", "Range", "Tile",
+              "Trilu"}
     assert {op.op_type for op in tensor.OPS} <= tested
 
 
