@@ -121,7 +121,9 @@ def test_ctrl_c_during_a_cold_run_stops_cleanly_and_resumes(digits, tmp_path):
             "-o", str(out), "--epochs", "3", "--no-progress"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, **env))
-    time.sleep(2.5)                       # importing done, kernels compiling
+    first = proc.stdout.readline()        # printed once Ctrl-C is handled, just before the first (compiling) step
+    assert first.startswith("training 200 samples"), first
+    time.sleep(0.5)                       # kernels compiling: a cold cache takes seconds
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130, stderr

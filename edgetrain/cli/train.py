@@ -285,9 +285,9 @@ def run(args) -> int:
         if interrupt.requested:
             raise KeyboardInterrupt
 
-    print(f"training {n} samples, batch {args.batch_size}, {steps_per_epoch} steps per epoch"
-          + (f", resuming at epoch {epoch0 + 1} step {skip + 1}" if args.resume else ""))
     with interrupt.installed(), compiles.watching():
+        print(f"training {n} samples, batch {args.batch_size}, {steps_per_epoch} steps per epoch"
+              + (f", resuming at epoch {epoch0 + 1} step {skip + 1}" if args.resume else ""), flush=True)
         compiles.start()
         try:
             for epoch in range(epoch0, args.epochs):
