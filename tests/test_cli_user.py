@@ -167,7 +167,9 @@ def test_first_run_reports_compiling_and_throughput_leaves_it_out(digits, tmp_pa
     assert "first step" in first and "compiling" in first and "kernels" in first
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rates = {e: [s["samples_per_s"] for s in steps if s["kind"] == "step" and s["epoch"] == e][-1] for e in (1, 2)}
-    assert rates[1] > rates[2] / 50      # with the first step's seconds of compiling in it, epoch 1 is ~10,000x slower
+    setup = float(first.split("first step ")[1].split(" s")[0])
+    assert setup > 0.5                   # a cold cache compiles for seconds ...
+    assert rates[1] > 10 * 200 / setup   # ... which would make epoch 1 at most 200 / setup samples/s
 
 
 def test_compile_watcher_clock_leaves_compile_time_out():
