@@ -131,6 +131,20 @@ def test_adamw_matches_formula(mode, correct_bias, wd):
         np.testing.assert_array_equal(b.state["gradients"], g)     # gradients are read, never written
 
 
+def _replay_against_torch(b, opt, params, shapes, rng, run_step, rtol: float, steps: int = 3) -> None:
+    """Feed the same random gradients to a torch optimizer and to the bound optimizer model ``b`` (one
+    ``run_step(k)`` per step); the flat parameters must follow torch's."""
+    for k in range(steps):
+        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        for p, g in zip(params, grads):
+            p.grad = torch.tensor(g)
+        opt.step()
+        b.state["gradients"][:] = np.concatenate([g.ravel() for g in grads])
+        run_step(k)
+        want = np.concatenate([p.detach().numpy().ravel() for p in params])
+        np.testing.assert_allclose(b.state["params"], want, rtol=rtol, atol=1e-6, err_msg=f"step {k + 1}")
+
+
 @pytest.mark.parametrize("wd", [0.0, 0.01])
 def test_adamw_mode0_is_torch_adamw(wd):
     """adam_mode 0 fed t = steps taken + 1 follows torch.optim.AdamW over a few tensors concatenated."""
@@ -144,15 +158,8 @@ def test_adamw_mode0_is_torch_adamw(wd):
         k: np.zeros(n, np.float32) for k in STATE["AdamWOptimizer"][1:]}
     attrs = {"alpha": 0.8, "beta": 0.95, "epsilon": 1e-7, "weight_decay": wd, "adam_mode": 0, "correct_bias": 1}
     b = Bound(optimizer_graph("AdamWOptimizer", attrs), state, {"learning_rate": lr(0), "step": step(0)})
-    for k in range(3):
-        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-        for p, g in zip(params, grads):
-            p.grad = torch.tensor(g)
-        opt.step()
-        b.state["gradients"][:] = np.concatenate([g.ravel() for g in grads])
-        b.run(learning_rate=lr(3e-3), step=step(k + 1))
-        want = np.concatenate([p.detach().numpy().ravel() for p in params])
-        np.testing.assert_allclose(b.state["params"], want, rtol=1e-5, atol=1e-6, err_msg=f"step {k + 1}")
+    _replay_against_torch(b, opt, params, shapes, rng, lambda k: b.run(learning_rate=lr(3e-3), step=step(k + 1)),
+                          rtol=1e-5)
     m1 = np.concatenate([opt.state[p]["exp_avg"].numpy().ravel() for p in params])
     m2 = np.concatenate([opt.state[p]["exp_avg_sq"].numpy().ravel() for p in params])
     np.testing.assert_allclose(b.state["first_order_moments"], m1, rtol=1e-5, atol=1e-7)
@@ -370,15 +377,8 @@ def test_sgd_built_by_onnxblock_is_torch_sgd(momentum, nesterov, wd):
     state |= {"first_order_moments": np.zeros(n, np.float32)} if "first_order_moments" in names else {}
     feeds = {"learning_rate": lr(0)} | ({"step": step(0)} if "step" in names else {})
     b = Bound(graph, state, feeds)
-    for k in range(3):
-        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-        for p, g in zip(params, grads):
-            p.grad = torch.tensor(g)
-        opt.step()
-        b.state["gradients"][:] = np.concatenate([g.ravel() for g in grads])
-        b.run(**(feeds | {"learning_rate": lr(0.1)}))
-        want = np.concatenate([p.detach().numpy().ravel() for p in params])
-        np.testing.assert_allclose(b.state["params"], want, rtol=1e-6, atol=1e-6, err_msg=f"step {k + 1}")
+    _replay_against_torch(b, opt, params, shapes, rng, lambda k: b.run(**(feeds | {"learning_rate": lr(0.1)})),
+                          rtol=1e-6)
 
 
 def test_sgd_momentum_nesterov_needs_momentum():
