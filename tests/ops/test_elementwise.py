@@ -268,7 +268,7 @@ PARAMS = _params()
 
 
 def test_every_elementwise_op_is_covered():
-    tested = {(c.domain, c.op) for c in CASES}
+    tested = {(c.domain, c.op) for c in CASES} | {("", "Gelu")}    # opset 20: its own tests at the end
     assert {op.key for op in elementwise.OPS} <= tested
 
 
