@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgetrain.ops.reduce import arg_axis, axis_view, cumsum_axis, reduce_axes, reduced_shape
+from edgetrain.ops.reduce import arg_axis, axis_view, block_view, cumsum_axis, reduce_axes, reduced_shape
 
 from ._jit import jit
 
@@ -41,20 +41,6 @@ def _identity_element(op: int, dtype: np.dtype):
         return dtype.type(-np.inf if low else np.inf)
     info = np.iinfo(dtype)
     return dtype.type(info.min if low else info.max)
-
-
-def block_view(shape: tuple, axes: tuple) -> tuple[int, int, int] | None:
-    """``(outer, red, inner)`` if the reduced axes of size > 1 are adjacent, else None."""
-    big = [i for i, d in enumerate(shape) if d != 1]
-    red = [i for i in big if i in axes]
-    if not red:
-        return int(np.prod(shape, dtype=np.int64)), 1, 1
-    pos = [big.index(i) for i in red]
-    if pos != list(range(pos[0], pos[0] + len(pos))):
-        return None
-    first, last = red[0], red[-1]
-    prod = lambda dims: int(np.prod(dims, dtype=np.int64))  # noqa: E731
-    return prod(shape[:first]), prod(shape[first:last + 1]), prod(shape[last + 1:])
 
 
 _UFUNCS = {SUM: np.add, MAX: np.maximum, MIN: np.minimum}
@@ -132,6 +118,89 @@ def _reduce_block(x, y, op, init, mean, count):
         if mean:
             for i in range(inner):
                 y[o, i] /= count
+
+
+def reduce_l1(ctx):
+    return _transformed_launcher(ctx, ABS)
+
+
+def reduce_l2(ctx):
+    return _transformed_launcher(ctx, SQUARE, root=True)
+
+
+def reduce_sum_square(ctx):
+    return _transformed_launcher(ctx, SQUARE)
+
+
+def reduce_log_sum_exp(ctx):
+    return _transformed_launcher(ctx, LOG_SUM_EXP)
+
+
+ABS, SQUARE, LOG_SUM_EXP = 0, 1, 2
+
+
+def _transformed_launcher(ctx, op: int, root: bool = False):
+    """Sums of |x| or x^2 (square-rooted for L2), or log(sum(exp(x))) (stable: around the max), over the axes:
+    a Numba loop over the [outer, red, inner] view when the axes form one block, else numpy through the
+    planned workspace (``ops.reduce.transformed_workspace``) holding the transformed input."""
+    axes = reduce_axes(ctx)
+    n_in = len(ctx.node.inputs)
+    t = ctx.type(0)
+    if axes is None:                       # noop_with_empty_axes: the input, unchanged, as the spec says
+        def run_copy(*args):
+            np.copyto(args[n_in], args[0])
+        return run_copy
+    view = block_view(t.shape, axes)
+    if view is not None:
+        outer, red, inner = view
+
+        def run(*args):
+            _reduce_transformed(args[0].reshape(outer, red, inner), args[n_in].reshape(outer, inner), op, root)
+        return run
+    keep_shape = reduced_shape(ctx, keepdims=True)
+
+    def run_numpy(*args):
+        x, y, scratch = args[0], args[n_in].reshape(keep_shape), args[n_in + 1]
+        if op == LOG_SUM_EXP:               # around the max (held in the second workspace), as the loop does
+            big = args[n_in + 2].reshape(keep_shape)
+            np.maximum.reduce(x, axis=axes, out=big, keepdims=True, initial=-np.inf)
+            np.subtract(x, big, out=scratch)
+            np.exp(scratch, out=scratch)
+            np.add.reduce(scratch, axis=axes, out=y, keepdims=True)
+            np.log(y, out=y)
+            np.add(y, big, out=y)
+            return
+        (np.abs if op == ABS else np.square)(x, out=scratch)
+        np.add.reduce(scratch, axis=axes, out=y, keepdims=True)
+        if root:
+            np.sqrt(y, out=y)
+    return run_numpy
+
+
+@jit(fastmath=True)
+def _reduce_transformed(x, y, op, root):
+    """y[o, i] = sum over r of |x| (op 0) or x^2 (op 1; sqrt'ed when ``root``), or log sum exp (op 2)."""
+    outer, red, inner = x.shape
+    for o in range(outer):
+        for i in range(inner):
+            if op == 2:
+                m = -np.inf
+                for r in range(red):
+                    v = x[o, r, i]
+                    m = v if (v > m or v != v) else m
+                s = 0.0
+                if m == m and m != -np.inf and m != np.inf:
+                    for r in range(red):
+                        s += np.exp(x[o, r, i] - m)
+                    y[o, i] = m + np.log(s)
+                else:                      # NaN, or every term -inf (log 0) or one +inf: the max says it
+                    y[o, i] = m
+            else:
+                s = 0.0
+                for r in range(red):
+                    v = x[o, r, i]
+                    s += abs(v) if op == 0 else v * v
+                y[o, i] = np.sqrt(s) if root else s
 
 
 def reduce_all_l2(ctx):

@@ -38,6 +38,29 @@ def reduced_shape(ctx: NodeContext, keepdims: bool | None = None) -> tuple[int, 
     return tuple(1 if i in axes else d for i, d in enumerate(shape) if keep or i not in axes)
 
 
+def block_view(shape: tuple, axes: tuple) -> tuple[int, int, int] | None:
+    """``(outer, red, inner)`` if the reduced axes of size > 1 are adjacent, else None."""
+    big = [i for i, d in enumerate(shape) if d != 1]
+    red = [i for i in big if i in axes]
+    if not red:
+        return int(np.prod(shape, dtype=np.int64)), 1, 1
+    pos = [big.index(i) for i in red]
+    if pos != list(range(pos[0], pos[0] + len(pos))):
+        return None
+    first, last = red[0], red[-1]
+    prod = lambda dims: int(np.prod(dims, dtype=np.int64))  # noqa: E731
+    return prod(shape[:first]), prod(shape[first:last + 1]), prod(shape[last + 1:])
+
+
+def transformed_workspace(ctx: NodeContext) -> list[TensorType]:
+    """ReduceL1/L2/SumSquare/LogSumExp over axes that are not one block: the transformed input, in the arena."""
+    axes = reduce_axes(ctx)
+    if not axes or block_view(ctx.shape(0), axes) is not None:
+        return []
+    kept = TensorType(ctx.type(0).dtype, reduced_shape(ctx, keepdims=True))
+    return [ctx.type(0)] + ([kept] if ctx.node.op_type == "ReduceLogSumExp" else [])
+
+
 def _reduce(ctx: NodeContext):
     if ctx.has_input(1) and ctx.type(1).dtype != INTS[1]:
         raise ctx.error(f"axes must be int64, got {ctx.type(1)}")
@@ -93,6 +116,33 @@ def _reduce_extreme_vjp(g, dys):
     ties = g.emit("ReduceSum", [hit, g.const(list(axes), "int64", "axes")], {"keepdims": 1})
     dy = dys[0] if g.attr("keepdims") else g.emit("Unsqueeze", [dys[0], g.const(list(axes), "int64", "axes")])
     return [g.emit("Mul", [hit, g.emit("Div", [dy, ties])])] + [None] * (len(g.node.inputs) - 1)
+
+
+def _transformed_vjp(make):
+    """A rule for ReduceL1/L2/SumSquare/LogSumExp: dX = make(g, x, y with the reduced axes kept) * dY spread."""
+    def rule(g, dys):
+        axes = _grad_axes(g)
+        rest = [None] * (len(g.node.inputs) - 1)
+        if axes is None:
+            return [dys[0]] + rest
+        y = g.y() if g.attr("keepdims") else g.emit("Unsqueeze", [g.y(), g.const(list(axes), "int64", "axes")])
+        return [g.emit("Mul", [make(g, g.x(0), y), _spread(g, dys[0], axes)])] + rest
+    return rule
+
+
+def _one(g, value, label):
+    return g.const(value, g.in_types[0].dtype, label)
+
+
+TRANSFORMED_VJPS = {
+    # d sum|x| = sign(x); d sum x^2 = 2x; d sqrt(sum x^2) = x / y (0 where y = 0: then x = 0 too)
+    "ReduceL1": lambda g, x, y: g.emit("Sign", [x]),
+    "ReduceSumSquare": lambda g, x, y: g.emit("Mul", [x, _one(g, 2, "two")]),
+    "ReduceL2": lambda g, x, y: g.emit("Div", [x, g.emit("Where", [g.emit("Equal", [y, _one(g, 0, "zero")]),
+                                                                    _one(g, 1, "one"), y])]),
+    # d log sum exp(x) = softmax: exp(x - y)
+    "ReduceLogSumExp": lambda g, x, y: g.emit("Exp", [g.emit("Sub", [x, y])]),
+}
 
 
 def _onnx(dtype) -> int:
@@ -193,11 +243,20 @@ OPS = (
           doc="axis (input 1) must be known when planning"),
     OpDef("ReduceAllL2", _reduce_all_l2, domain="com.microsoft", since=1, kernel="reduce.reduce_all_l2",
           vjp=_reduce_all_l2_vjp, doc="the L2 norm of all elements of all inputs, a scalar"),
+    OpDef("ReduceL1", _reduce, since=18, kernel="reduce.reduce_l1", workspace=transformed_workspace,
+          vjp=_transformed_vjp(TRANSFORMED_VJPS["ReduceL1"]), attrs=REDUCE_ATTRS, doc="sum of |x|"),
+    OpDef("ReduceL2", _reduce, since=18, kernel="reduce.reduce_l2", workspace=transformed_workspace,
+          vjp=_transformed_vjp(TRANSFORMED_VJPS["ReduceL2"]), attrs=REDUCE_ATTRS, doc="sqrt of the sum of x^2"),
+    OpDef("ReduceLogSumExp", _reduce, since=18, kernel="reduce.reduce_log_sum_exp", workspace=transformed_workspace,
+          vjp=_transformed_vjp(TRANSFORMED_VJPS["ReduceLogSumExp"]), attrs=REDUCE_ATTRS,
+          doc="log of the sum of exp(x), computed around the max"),
     OpDef("ReduceMax", _reduce, since=18, kernel="reduce.reduce_max", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp,
           attrs=REDUCE_ATTRS),
     OpDef("ReduceMean", _reduce, since=18, kernel="reduce.reduce_mean", vjp=_reduce_mean_vjp, attrs=REDUCE_ATTRS),
     OpDef("ReduceMin", _reduce, since=18, kernel="reduce.reduce_min", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp,
           attrs=REDUCE_ATTRS),
+    OpDef("ReduceSumSquare", _reduce, since=18, kernel="reduce.reduce_sum_square", workspace=transformed_workspace,
+          vjp=_transformed_vjp(TRANSFORMED_VJPS["ReduceSumSquare"]), attrs=REDUCE_ATTRS, doc="sum of x^2"),
     OpDef("ReduceSum", _reduce, since=13, kernel="reduce.reduce_sum", dtypes=FLOATS + INTS, vjp=_reduce_sum_vjp,
           attrs=REDUCE_ATTRS),
 )

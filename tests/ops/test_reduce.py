@@ -153,3 +153,61 @@ def test_arg_extremes_pick_the_first_nan_and_refuse_an_empty_axis():
     empty = np.zeros((2, 0), np.float32)
     with pytest.raises(ShapeError, match="axis 1 is empty"):
         run_edgetrain(model(helper.make_node("ArgMax", ["x"], ["y"], axis=1), {"x": empty}, ["y"]), {"x": empty})
+
+
+# --- ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSumExp ---------------------------------------------------
+
+TRANSFORMED = ["ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp"]
+
+
+@pytest.mark.parametrize("op", TRANSFORMED)
+@pytest.mark.parametrize("axes", [[1], [0, 2], [-1], [0, 1, 2], None], ids=str)
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("opset", [17, 18])
+def test_transformed_reductions_against_onnxruntime(op, axes, keepdims, opset):
+    """Axes as an attribute (opset 17) or an input (18); [0, 2] is not one block: numpy through the workspace."""
+    x = (np.random.default_rng(5).standard_normal((3, 4, 5)) * 3).astype(np.float32)
+    inputs, consts, attrs = ["x"], {}, {"keepdims": keepdims}
+    if axes is not None and opset >= 18:
+        inputs.append("a")
+        consts["a"] = np.array(axes, np.int64)
+    elif axes is not None:
+        attrs["axes"] = axes
+    m = model(helper.make_node(op, inputs, ["y"], **attrs), {"x": x}, ["y"], initializers=consts, opset=opset)
+    assert_matches(m, {"x": x}, oracle=run_onnxruntime)
+
+
+def test_log_sum_exp_is_stable_and_noop_copies():
+    x = np.array([[1000.0, 999.0, -5.0], [-np.inf, -np.inf, -np.inf]], np.float32)
+    m = model(helper.make_node("ReduceLogSumExp", ["x", "a"], ["y"], keepdims=0), {"x": x}, ["y"],
+              initializers={"a": np.array([1], np.int64)}, opset=18)
+    (y,) = run_edgetrain(m, {"x": x})
+    np.testing.assert_allclose(y[0], 1000 + np.log1p(np.exp(-1.0) + np.exp(-1005.0)), rtol=1e-6)
+    assert y[1] == -np.inf
+    noop = model(helper.make_node("ReduceSumSquare", ["x"], ["y"], noop_with_empty_axes=1), {"x": x[:1]}, ["y"],
+                 opset=18)
+    np.testing.assert_array_equal(run_edgetrain(noop, {"x": x[:1]})[0], x[:1])     # the spec: input unchanged
+
+
+@pytest.mark.parametrize("op", TRANSFORMED)
+@pytest.mark.parametrize("axes, keepdims", [([1], 0), ([0, 2], 1)], ids=str)
+def test_transformed_reduction_gradients_by_finite_differences(op, axes, keepdims):
+    from gradcheck import check_gradients
+
+    from edgetrain.ir import Node, TensorType
+    x = np.random.default_rng(8).standard_normal((3, 4, 5)) + 0.5
+    out = np.sum(x, axis=tuple(axes), keepdims=bool(keepdims)).shape
+    check_gradients([Node(op, ["x", "a"], ["y"], {"keepdims": keepdims}, "r")], {"x": x}, ["y"],
+                    [TensorType(np.float64, out)], consts={"a": np.array(axes, np.int64)}, opset=18)
+
+
+def test_l2_gradient_of_an_all_zero_slice_is_zero():
+    from gradcheck import gradient_session
+
+    from edgetrain.ir import Node, TensorType
+    x = np.zeros((2, 3))
+    x[1] = [3.0, 4.0, 0.0]
+    sess, _ = gradient_session([Node("ReduceL2", ["x", "a"], ["y"], {"keepdims": 0}, "r")], {"x": x},
+                               {"a": np.array([1], np.int64)}, ["y"], [TensorType(np.float64, (2,))], opset=18)
+    (_, dx) = sess.run(None, {"x": x})
+    assert np.isfinite(dx).all() and not dx[0].any()
