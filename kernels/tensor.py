@@ -12,6 +12,7 @@ import numpy as np
 from edgetrain import config
 from edgetrain.ops.tensor import (
     RESIZE_RANK,
+    gather_elements_axis,
     dropout_grad_scale,
     dropout_ratio,
     pad_widths,
@@ -146,6 +147,76 @@ def split(ctx):
             if out is not None:
                 np.copyto(out, args[0][part])
     return run
+
+
+def _element_geometry(indices: tuple, data: tuple):
+    """(indices' shape, data's strides in elements) as int64 arrays for the element-wise gather/scatter loops."""
+    strides = np.cumprod((1,) + tuple(data[:0:-1]), dtype=np.int64)[::-1].copy()
+    return np.array(indices, np.int64), strides
+
+
+def gather_elements(ctx):
+    """y[i...] = data[i... with i[axis] replaced by indices[i...]]; an index outside [-n, n) raises InputError."""
+    data = ctx.shape(0)
+    axis = gather_elements_axis(ctx, data)
+    ishape, strides = _element_geometry(ctx.shape(1), data)
+    allowed = f"an index in [{-data[axis]}, {data[axis]}) (axis {axis} of data {list(data)})"
+
+    def run(x, idx, y):
+        bad = _gather_elements(x.reshape(-1), idx.reshape(-1), y.reshape(-1), ishape, strides, axis, data[axis])
+        if bad >= 0:
+            raise ctx.bad_value(1, idx, bad, allowed)
+    return run
+
+
+def gather_elements_grad(ctx):
+    """dX = 0, then dX[i... with i[axis] = indices[i...]] += dY[i...]; bad indices raise InputError."""
+    data = tuple(int(d) for d in ctx.const(1, "shape").reshape(-1))
+    axis = gather_elements_axis(ctx, data, idx=2)
+    ishape, strides = _element_geometry(ctx.shape(2), data)
+    allowed = f"an index in [{-data[axis]}, {data[axis]}) (axis {axis} of data {list(data)})"
+
+    def run(dy, _shape, idx, dx):
+        dx.fill(0)
+        bad = _scatter_add_elements(dy.reshape(-1), idx.reshape(-1), dx.reshape(-1), ishape, strides, axis, data[axis])
+        if bad >= 0:
+            raise ctx.bad_value(2, idx, bad, allowed)
+    return run
+
+
+@jit
+def _element_offset(k, idx, ishape, strides, axis, n):
+    """The data offset GatherElements reads for flat index position ``k``, or -1 if its index is out of range."""
+    j = idx[k]
+    if j < -n or j >= n:
+        return -1
+    j = j + n if j < 0 else j
+    offset, rest = 0, k
+    for d in range(ishape.shape[0] - 1, -1, -1):
+        m = rest % ishape[d]
+        rest //= ishape[d]
+        offset += (j if d == axis else m) * strides[d]
+    return offset
+
+
+@jit
+def _gather_elements(x, idx, y, ishape, strides, axis, n):
+    for k in range(idx.shape[0]):
+        offset = _element_offset(k, idx, ishape, strides, axis, n)
+        if offset < 0:
+            return k
+        y[k] = x[offset]
+    return -1
+
+
+@jit
+def _scatter_add_elements(dy, idx, dx, ishape, strides, axis, n):
+    for k in range(idx.shape[0]):
+        offset = _element_offset(k, idx, ishape, strides, axis, n)
+        if offset < 0:
+            return k
+        dx[offset] += dy[k]
+    return -1
 
 
 def tile(ctx):

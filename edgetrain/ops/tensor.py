@@ -171,6 +171,37 @@ def _gather(ctx):
     return [_t(ctx, data[:axis] + idx + data[axis + 1:])]
 
 
+def gather_elements_axis(ctx: NodeContext, data: tuple, idx: int = 1) -> int:
+    """GatherElements' axis, with indices of data's rank and no larger than data off the axis."""
+    indices = ctx.shape(idx)
+    if not data or len(indices) != len(data):
+        raise ctx.error(f"indices {indices} must have the rank of data {data} (>= 1)")
+    if ctx.type(idx).dtype not in INDEX:
+        raise ctx.error("indices must be int32 or int64")
+    axis = normalize_axis(ctx, ctx.attr("axis"), len(data))
+    if any(i > d for k, (i, d) in enumerate(zip(indices, data)) if k != axis):
+        raise ctx.error(f"indices {indices} are larger than data {data} off axis {axis}")
+    return axis
+
+
+def _gather_elements(ctx):
+    gather_elements_axis(ctx, ctx.shape(0))
+    return [_t(ctx, ctx.shape(1))]
+
+
+def _gather_elements_vjp(g, dys):
+    """onnxruntime's GatherElementsGrad(dY, Shape(data), indices): zeros, dY added at the gathered places."""
+    dx = g.emit("GatherElementsGrad", [dys[0], g.shape_of(g.x(0)), g.x(1)], {"axis": g.attr("axis")}, MS)
+    return [dx, None]
+
+
+def _gather_elements_grad(ctx):
+    shape = tuple(int(d) for d in ctx.const(1, "shape").reshape(-1))
+    gather_elements_axis(ctx, shape, idx=2)
+    _grad_of(ctx, 0, TensorType(ctx.type(0).dtype, ctx.shape(2)), "GatherElements output")
+    return [TensorType(ctx.type(0).dtype, shape)]
+
+
 def slice_spec(ctx: NodeContext) -> tuple[slice, ...]:
     """Python slices for Slice's starts/ends/axes/steps, clamped as the ONNX spec says."""
     shape = ctx.shape(0)
@@ -753,6 +784,10 @@ OPS = OPS_FOLD + (
     OpDef("Expand", _expand, kernel="tensor.expand", dtypes=ANY, vjp=lambda g, dys: [g.unbroadcast(dys[0], 0), None]),
     OpDef("Flatten", _flatten, kind="alias", dtypes=ANY, vjp=_view_vjp, attrs={"axis": Int(1)}),
     OpDef("Gather", _gather, kernel="tensor.gather", dtypes=ANY, vjp=_gather_vjp, attrs={"axis": Int(0)}),
+    OpDef("GatherElements", _gather_elements, since=13, kernel="tensor.gather_elements", dtypes=ANY,
+          vjp=_gather_elements_vjp, attrs={"axis": Int(0)}),
+    OpDef("GatherElementsGrad", _gather_elements_grad, domain=MS, since=1, kernel="tensor.gather_elements_grad",
+          attrs={"axis": Int(0)}, doc="inputs dY, shape, indices: zeros of shape, dY added where GatherElements read"),
     OpDef("GatherGrad", _gather_grad, domain=MS, since=1, kernel="tensor.gather_grad", type_input=2,
           attrs={"axis": Int(0)},
           doc="inputs shape, indices, dY; attribute axis: zeros of shape, dY's rows added at the indices"),

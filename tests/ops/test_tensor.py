@@ -68,7 +68,7 @@ def test_every_tensor_op_is_covered():
     tested = {"Constant", "ConstantOfShape", "Shape", "Size", "Cast", "Concat", "Dropout", "Expand",
               "Flatten", "Gather", "Identity", "Pad", "Reshape", "Resize", "Slice", "Split", "Squeeze",
               "Transpose", "Unsqueeze", "GatherGrad", "SliceGrad", "DropoutGrad", "ResizeGrad", "Range", "Tile",
-              "Trilu"}
+              "Trilu", "GatherElements", "GatherElementsGrad"}
     assert {op.op_type for op in tensor.OPS} <= tested
 
 
@@ -933,3 +933,34 @@ def test_trilu_and_tile_gradients_by_finite_differences():
                     consts={"k": np.array(1, np.int64)})
     check_gradients([Node("Tile", ["x", "r"], ["y"], {}, "tile")], {"x": x}, ["y"], [f64(4, 3, 12)],
                     consts={"r": np.array([2, 1, 3], np.int64)})
+
+
+# --- GatherElements and onnxruntime's GatherElementsGrad ------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+@pytest.mark.parametrize("index_shape", [(3, 4, 5), (2, 3, 4), (3, 4, 1)], ids=str)
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32], ids=str)
+def test_gather_elements_against_onnxruntime(axis, index_shape, index_dtype):
+    rng = rng_for("gather_elements", axis, index_shape)
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    n = x.shape[axis]
+    idx = rng.integers(-n, n, index_shape).astype(index_dtype)          # negative indices count from the end
+    m = model(helper.make_node("GatherElements", ["x", "i"], ["y"], axis=axis), {"x": x, "i": idx}, ["y"])
+    assert_matches(m, {"x": x, "i": idx}, oracle=run_onnxruntime)
+
+
+@pytest.mark.parametrize("bad", [5, -6, 2**40, -(2**63)])
+def test_gather_elements_refuses_an_index_outside_the_axis(bad):
+    x = np.zeros((2, 5), np.float32)
+    idx = np.array([[0, 1], [bad, 2]], np.int64)
+    m = model(helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1, name="ge"), {"x": x, "i": idx}, ["y"])
+    with pytest.raises(InputError, match=rf"'ge'.*input 1 \('i'\) holds {bad} at \[1, 0\]"):
+        run_edgetrain(m, {"x": x, "i": idx})
+
+
+def test_gather_elements_gradient_adds_repeated_indices():
+    """Finite differences through GatherElementsGrad, with indices that repeat (their gradients add)."""
+    x = rng_for("ge-grad").standard_normal((3, 4))
+    idx = np.array([[0, 0, 2], [1, 3, 3], [2, 2, 2]], np.int64)
+    check_gradients([Node("GatherElements", ["x", "i"], ["y"], {"axis": 1}, "ge")], {"x": x}, ["y"],
+                    [TensorType(np.float64, (3, 3))], consts={"i": idx})
