@@ -65,6 +65,7 @@ class OpDef:
     dtypes: tuple = FLOATS
     type_input: int | None = 0   # the input whose element type ``dtypes`` constrains (None: no input)
     attrs: dict[str, Attr] = field(default_factory=dict)   # the attributes it accepts, with their defaults
+    writes_inputs: tuple[int, ...] = ()   # inputs its kernel updates in place (accumulators, optimizers)
     doc: str = ""
 
     @property

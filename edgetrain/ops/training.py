@@ -103,11 +103,11 @@ def _clip_grad_norm(ctx: NodeContext):
 
 OPS = (
     OpDef("InPlaceAccumulatorV2", _accumulator, domain="com.microsoft", since=1, kernel="training.accumulate",
-          deterministic=False,
+          deterministic=False, writes_inputs=(0,),
           doc="buffer = value if overwrite else buffer + value, in place in input 0; outputs (done flag, "
               "optional updated buffer)"),
     OpDef("AdamWOptimizer", _adamw, domain="com.microsoft", since=1, kernel="training.adamw",
-          deterministic=False, type_input=2,
+          deterministic=False, writes_inputs=(2, 4, 5), type_input=2,
           attrs={"adam_mode": Int(0, choices=(0, 1)), "alpha": Float(0.9), "beta": Float(0.999),
                  "correct_bias": Flag(1), "epsilon": Float(1e-8), "weight_decay": Float(0.0)},
           doc="AdamW over flat (lr, step, params, gradients, m1, m2[, update_signal]); updates params and moments "
@@ -116,17 +116,18 @@ OPS = (
               "adam_mode 1 (Hugging Face): m, v; p -= lr*sqrt(1-b2^t)/(1-b1^t) * m/(sqrt(v) + eps); "
               "p -= lr*wd*p. Outputs (updated flag, optional copies of params, m1, m2)"),
     OpDef("InplaceClipGradNorm", _clip_grad_norm, domain="com.microsoft", since=1, kernel="training.clip_grad_norm",
-          deterministic=False, attrs={"max_norm": Float(1.0), "norm_type": String("fro", ("fro",))},
+          deterministic=False, writes_inputs=(0,),
+          attrs={"max_norm": Float(1.0), "norm_type": String("fro", ("fro",))},
           doc="g *= min(max_norm / (||g||_2 + 1e-6), 1) over the flat gradients, in place; output 0 is the "
               "clipped gradients (written too when it is not input 0's array)"),
     OpDef("SGDOptimizer", _sgd_momentum, domain="ai.edgetrain", since=1, kernel="training.sgd_momentum",
-          deterministic=False, type_input=1,
+          deterministic=False, writes_inputs=(1, 3), type_input=1,
           attrs={"momentum": Float(0.0), "nesterov": Flag(0), "weight_decay": Float(0.0)},
           doc="torch.optim.SGD (dampening 0) over flat (lr, params, gradients, velocity): g' = g + wd*p; "
               "v = momentum*v + g'; p -= lr*(g' + momentum*v if nesterov else v). Velocity starts at zero, "
               "so the first step gives v = g' as torch does. Outputs (done flag, optional params, velocity)"),
     OpDef("SGDOptimizerV2", _sgd_v2, domain="com.microsoft", since=1, kernel="training.sgd",
-          deterministic=False, type_input=1,
+          deterministic=False, writes_inputs=(1,), type_input=1,
           doc="p -= lr*g over flat (lr, params, gradients[, update_signal]), in place; outputs (done flag, "
               "optional copy of params)"),
 )

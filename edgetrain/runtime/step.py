@@ -20,18 +20,10 @@ from ..plan import Plan
 from .program import Program
 from .state import StateStore
 
-# inputs that an op's kernel writes in place (training.py kernels), by op key
-WRITES_INPUTS = {
-    ("com.microsoft", "InPlaceAccumulatorV2"): (0,),
-    ("com.microsoft", "AdamWOptimizer"): (2, 4, 5),
-    ("com.microsoft", "InplaceClipGradNorm"): (0,),
-    ("com.microsoft", "SGDOptimizerV2"): (1,),
-    ("ai.edgetrain", "SGDOptimizer"): (1, 3),
-}
-
 
 def written_externals(plan: Plan) -> dict[str, str]:
-    """External arrays the program writes -> the node that writes each (views resolved to their root)."""
+    """External arrays the program writes -> the node that writes each (views resolved to their root): outputs,
+    and the inputs an op updates in place (``OpDef.writes_inputs``)."""
     root: dict[str, str] = {}
     for step in plan.steps:
         if step.kind == "alias":
@@ -43,7 +35,7 @@ def written_externals(plan: Plan) -> dict[str, str]:
         for b in step.nodes:
             node = b.node
             targets = [o for o in node.outputs if o]
-            targets += [node.inputs[i] for i in WRITES_INPUTS.get(b.op.key, ()) if i < len(node.inputs)]
+            targets += [node.inputs[i] for i in b.op.writes_inputs if i < len(node.inputs)]
             for name in targets:
                 name = root.get(name, name)
                 if name in plan.external:
