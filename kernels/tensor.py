@@ -184,6 +184,47 @@ def gather_elements_grad(ctx):
     return run
 
 
+SCATTER_CODES = {"none": 0, "add": 1, "mul": 2, "max": 3, "min": 4}
+
+
+def scatter_elements(ctx):
+    """Y = data, then Y[where indices point] = updates (or combined by the reduction); bad indices raise
+    InputError before anything is written past them (Y is the node's own output, never state)."""
+    data = ctx.shape(0)
+    axis = gather_elements_axis(ctx, data)
+    ishape, strides = _element_geometry(ctx.shape(1), data)
+    code = SCATTER_CODES[ctx.attr("reduction")]
+    allowed = f"an index in [{-data[axis]}, {data[axis]}) (axis {axis} of data {list(data)})"
+
+    def run(x, idx, updates, y):
+        np.copyto(y, x)
+        bad = _scatter_elements(updates.reshape(-1), idx.reshape(-1), y.reshape(-1), ishape, strides, axis,
+                                data[axis], code)
+        if bad >= 0:
+            raise ctx.bad_value(1, idx, bad, allowed)
+    return run
+
+
+@jit
+def _scatter_elements(updates, idx, y, ishape, strides, axis, n, code):
+    for k in range(idx.shape[0]):
+        offset = _element_offset(k, idx, ishape, strides, axis, n)
+        if offset < 0:
+            return k
+        u = updates[k]
+        if code == 0:
+            y[offset] = u
+        elif code == 1:
+            y[offset] += u
+        elif code == 2:
+            y[offset] *= u
+        elif code == 3:
+            y[offset] = max(y[offset], u)
+        else:
+            y[offset] = min(y[offset], u)
+    return -1
+
+
 @jit
 def _element_offset(k, idx, ishape, strides, axis, n):
     """The data offset GatherElements reads for flat index position ``k``, or -1 if its index is out of range."""

@@ -202,6 +202,31 @@ def _gather_elements_grad(ctx):
     return [TensorType(ctx.type(0).dtype, shape)]
 
 
+SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _scatter_elements(ctx):
+    data = ctx.shape(0)
+    gather_elements_axis(ctx, data)
+    if ctx.shape(2) != ctx.shape(1) or ctx.type(2).dtype != ctx.type(0).dtype:
+        raise ctx.error(f"updates {ctx.type(2)} must have the indices' shape {ctx.shape(1)} and data's element type")
+    return [ctx.type(0)]
+
+
+def _scatter_elements_vjp(g, dys):
+    """reduction none: d data = dY where nothing was written (ScatterElements of zeros), d updates = dY gathered
+    at the indices; add: d data = dY, d updates the same gather. mul/max/min: no gradient rule."""
+    reduction = g.attr("reduction")
+    if reduction not in ("none", "add"):
+        raise g.error(f"ScatterElements with reduction '{reduction}' has no gradient rule (none, add)")
+    dx = dys[0]
+    if reduction == "none" and g.needs[0]:
+        zeros = g.emit("ConstantOfShape", [g.shape_of(g.x(2))], {"value": np.zeros(1, g.in_types[2].dtype)})
+        dx = g.emit("ScatterElements", [dys[0], g.x(1), zeros], {"axis": g.attr("axis")})
+    dupdates = g.emit("GatherElements", [dys[0], g.x(1)], {"axis": g.attr("axis")}) if g.needs[2] else None
+    return [dx if g.needs[0] else None, None, dupdates]
+
+
 def slice_spec(ctx: NodeContext) -> tuple[slice, ...]:
     """Python slices for Slice's starts/ends/axes/steps, clamped as the ONNX spec says."""
     shape = ctx.shape(0)
@@ -802,6 +827,10 @@ OPS = OPS_FOLD + (
           doc="modes nearest and linear (up to 2 spatial axes); tf_crop_and_resize and cubic are rejected"),
     OpDef("ResizeGrad", _resize_grad, domain=MS, since=1, kernel="tensor.resize_grad", attrs=RESIZE_ATTRS,
           doc="inputs dY, X[, roi, scales] and Resize's attributes (nearest, linear): the transposed resize"),
+    OpDef("ScatterElements", _scatter_elements, since=18, kernel="tensor.scatter_elements", dtypes=ANY,
+          vjp=_scatter_elements_vjp, attrs={"axis": Int(0), "reduction": String("none", SCATTER_REDUCTIONS)},
+          doc="a copy of data with updates written (or combined) where the indices point; repeated indices with "
+              "reduction none: the last one wins"),
     OpDef("Slice", _slice, kernel="tensor.slice", dtypes=ANY, vjp=_slice_vjp),
     OpDef("SliceGrad", _slice_grad, domain=MS, since=1, kernel="tensor.slice_grad", dtypes=ANY,
           doc="inputs dY, shape, starts, ends[, axes, steps]: zeros of shape with dY written into the slice"),

@@ -68,7 +68,7 @@ def test_every_tensor_op_is_covered():
     tested = {"Constant", "ConstantOfShape", "Shape", "Size", "Cast", "Concat", "Dropout", "Expand",
               "Flatten", "Gather", "Identity", "Pad", "Reshape", "Resize", "Slice", "Split", "Squeeze",
               "Transpose", "Unsqueeze", "GatherGrad", "SliceGrad", "DropoutGrad", "ResizeGrad", "Range", "Tile",
-              "Trilu", "GatherElements", "GatherElementsGrad"}
+              "Trilu", "GatherElements", "GatherElementsGrad", "ScatterElements"}
     assert {op.op_type for op in tensor.OPS} <= tested
 
 
@@ -964,3 +964,42 @@ def test_gather_elements_gradient_adds_repeated_indices():
     idx = np.array([[0, 0, 2], [1, 3, 3], [2, 2, 2]], np.int64)
     check_gradients([Node("GatherElements", ["x", "i"], ["y"], {"axis": 1}, "ge")], {"x": x}, ["y"],
                     [TensorType(np.float64, (3, 3))], consts={"i": idx})
+
+
+def _distinct_indices(rng, shape, axis, n):
+    """Indices of ``shape`` that never repeat along ``axis`` (so reduction 'none' has one answer)."""
+    moved = [d for k, d in enumerate(shape) if k != axis]
+    rows = np.stack([rng.permutation(n)[:shape[axis]] for _ in range(int(np.prod(moved)))])
+    return np.moveaxis(rows.reshape(moved + [shape[axis]]), -1, axis).astype(np.int64)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_scatter_elements_against_onnxruntime(reduction, axis):
+    rng = rng_for("scatter", reduction, axis)
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    shape = [3, 4, 5]
+    shape[axis] = 2
+    idx = _distinct_indices(rng, shape, axis % 3, x.shape[axis])
+    u = rng.standard_normal(shape).astype(np.float32)
+    m = model(helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=axis, reduction=reduction),
+              {"x": x, "i": idx, "u": u}, ["y"], opset=18)
+    assert_matches(m, {"x": x, "i": idx, "u": u}, oracle=run_onnxruntime)
+
+
+def test_scatter_elements_refuses_an_index_outside_the_axis():
+    x, u = np.zeros((2, 3), np.float32), np.ones((2, 1), np.float32)
+    idx = np.array([[1], [3]], np.int64)
+    m = model(helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=1, name="sc"),
+              {"x": x, "i": idx, "u": u}, ["y"], opset=18)
+    with pytest.raises(InputError, match=r"'sc'.*input 1 \('i'\) holds 3 at \[1, 0\]"):
+        run_edgetrain(m, {"x": x, "i": idx, "u": u})
+
+
+@pytest.mark.parametrize("reduction", ["none", "add"])
+def test_scatter_elements_gradients_by_finite_differences(reduction):
+    rng = rng_for("scatter-grad", reduction)
+    x, u = rng.standard_normal((3, 4)), rng.standard_normal((3, 2))
+    idx = _distinct_indices(rng, [3, 2], 1, 4) if reduction == "none" else np.array([[0, 0], [3, 1], [2, 2]])
+    check_gradients([Node("ScatterElements", ["x", "i", "u"], ["y"], {"axis": 1, "reduction": reduction}, "sc")],
+                    {"x": x, "u": u}, ["y"], [TensorType(np.float64, (3, 4))], consts={"i": idx}, opset=18)
