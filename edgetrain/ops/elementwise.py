@@ -155,6 +155,12 @@ def _div_vjp(g, dys):
                           lambda: g.emit("Neg", [g.emit("Mul", [dys[0], g.emit("Div", [g.y(), g.x(1)])])])])
 
 
+def _mod_vjp(g, dys):
+    """a = q b + y with q = trunc(a / b) (fmod) or floor (integers, no gradient): d/da = 1, d/db = -q = -(a - y) / b."""
+    return _per_input(g, [lambda: dys[0], lambda: g.emit("Neg", [g.emit("Mul", [dys[0], g.emit("Div", [
+        g.emit("Sub", [g.x(0), g.y()]), g.x(1)])])])])
+
+
 def _pow_vjp(g, dys):
     # d(x^p)/dx = p x^(p-1); d(x^p)/dp = x^p ln x
     def dx():
@@ -257,6 +263,7 @@ GRADIENTS = {
                                                    "com.microsoft")),
     ("", "Log"): _unary(lambda g, dy: g.emit("Div", [dy, g.x(0)])),
     ("", "Mean"): _variadic_vjp(scale_by_count=True),
+    ("", "Mod"): _mod_vjp,
     ("", "Mul"): _mul_vjp,
     ("", "Neg"): _unary(lambda g, dy: g.emit("Neg", [dy])),
     ("", "PRelu"): _prelu_vjp,

@@ -521,3 +521,14 @@ def test_onnx_gelu_gradient_by_finite_differences(approximate):
     x = np.linspace(-4, 4, 24).reshape(4, 6)
     check_gradients([Node("Gelu", ["x"], ["y"], {"approximate": approximate}, "gelu")], {"x": x}, ["y"],
                     [TensorType(F64, (4, 6))], opset=20)
+
+
+def test_mod_gradient_by_finite_differences():
+    """fmod: d/da = 1, d/db = -trunc(a / b), away from the jumps at multiples of b; b broadcast over rows."""
+    from gradcheck import check_gradients
+
+    from edgetrain.ir import Node, TensorType
+    a = np.array([[5.3, -7.2, 2.9], [9.1, -0.4, 3.3]])
+    b = np.array([2.1, 1.9, -1.3])
+    check_gradients([Node("Mod", ["a", "b"], ["y"], {"fmod": 1}, "mod")], {"a": a, "b": b}, ["y"],
+                    [TensorType(F64, (2, 3))])
