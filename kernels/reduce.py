@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgetrain.ops.reduce import arg_axis, axis_view, block_view, cumsum_axis, reduce_axes, reduced_shape
+from edgetrain.ops.reduce import (
+    arg_axis,
+    axis_view,
+    block_view,
+    cumsum_axis,
+    reduce_axes,
+    reduced_shape,
+    topk_geometry,
+)
 
 from ._jit import jit
 
@@ -283,3 +291,47 @@ def _arg_extreme(x, y, largest, last):
                     if (c > v if largest else c < v) or (last and c == v):
                         best, v = r, c
             y[o, i] = best
+
+
+def topk(ctx):
+    """The k largest (smallest) along the axis, sorted, ties by lower index: an insertion into the k output
+    slots per column, O(n k) without allocating."""
+    axis, k = topk_geometry(ctx)
+    outer, n, inner = axis_view(ctx, axis)
+    largest = bool(ctx.attr("largest"))
+
+    def run(x, _k, values, indices):
+        _topk(x.reshape(outer, n, inner), values.reshape(outer, k, inner), indices.reshape(outer, k, inner), largest)
+    return run
+
+
+@jit
+def _topk(x, values, indices, largest):
+    outer, n, inner = x.shape
+    k = values.shape[1]
+    for o in range(outer):
+        for i in range(inner):
+            count = 0
+            for r in range(n):
+                v = x[o, r, i]
+                # v goes before slot p when strictly better; NaN counts as the largest value, as numpy sorts it
+                p = count
+                while p > 0:
+                    w = values[o, p - 1, i]
+                    if largest:
+                        better = (v != v and w == w) or v > w
+                    else:
+                        better = (w != w and v == v) or v < w
+                    if not better:
+                        break
+                    p -= 1
+                if p >= k:
+                    continue
+                last = min(count, k - 1)
+                for q in range(last, p, -1):
+                    values[o, q, i] = values[o, q - 1, i]
+                    indices[o, q, i] = indices[o, q - 1, i]
+                values[o, p, i] = v
+                indices[o, p, i] = r
+                if count < k:
+                    count += 1

@@ -233,11 +233,44 @@ def _arg_fold(pick):
 
 ARG_ATTRS = {"axis": Int(0), "keepdims": Flag(1), "select_last_index": Flag(0)}
 
+
+def topk_geometry(ctx: NodeContext) -> tuple[int, int]:
+    """(axis, k) of TopK; k (input 1) must be known when planning and no larger than the axis."""
+    shape = ctx.shape(0)
+    if not shape:
+        raise ctx.error("input must have rank >= 1")
+    axis = normalize_axis(ctx, ctx.attr("axis"), len(shape))
+    k = ctx.const(1, "K").reshape(-1)
+    if k.size != 1 or k.dtype != np.int64 or not 0 <= int(k[0]) <= shape[axis]:
+        raise ctx.error(f"K must be one int64 in [0, {shape[axis]}] (axis {axis} of {shape}), got {k.tolist()}")
+    return axis, int(k[0])
+
+
+def _topk(ctx: NodeContext):
+    axis, k = topk_geometry(ctx)
+    if len(ctx.node.outputs) != 2:
+        raise ctx.error("TopK has 2 outputs (Values, Indices)")
+    shape = tuple(k if d == axis else n for d, n in enumerate(ctx.shape(0)))
+    return [TensorType(ctx.type(0).dtype, shape), TensorType(np.int64, shape)]
+
+
+def _topk_vjp(g, dys):
+    """dX = zeros with dValues added where the values came from: onnxruntime's GatherElementsGrad along the axis."""
+    if dys[1] is not None:
+        raise g.error("the loss depends on TopK's Indices; only Values are differentiated")
+    axis = normalize_axis(g, g.attr("axis"), len(g.in_types[0].shape))
+    return [g.emit("GatherElementsGrad", [dys[0], g.shape_of(g.x(0)), g.y(1)], {"axis": axis}, "com.microsoft"),
+            None]
+
 OPS = (
     OpDef("ArgMax", _arg, since=13, kernel="reduce.arg_max", fold=_arg_fold(np.argmax), dtypes=FLOATS + INTS,
           attrs=ARG_ATTRS, doc="int64 indices; the first NaN wins, as numpy's argmax"),
     OpDef("ArgMin", _arg, since=13, kernel="reduce.arg_min", fold=_arg_fold(np.argmin), dtypes=FLOATS + INTS,
           attrs=ARG_ATTRS, doc="int64 indices; the first NaN wins, as numpy's argmin"),
+    OpDef("TopK", _topk, since=11, kernel="reduce.topk", dtypes=FLOATS + INTS, vjp=_topk_vjp,
+          attrs={"axis": Int(-1), "largest": Flag(1), "sorted": Flag(1)},
+          doc="K (input 1) known when planning; always sorted, ties by lower index, NaN as the largest value; "
+              "gradient through Values"),
     OpDef("CumSum", _cumsum, since=14, kernel="reduce.cumsum", fold=_cumsum_fold, dtypes=FLOATS + INTS,
           vjp=_cumsum_vjp, attrs={"exclusive": Flag(0), "reverse": Flag(0)},
           doc="axis (input 1) must be known when planning"),

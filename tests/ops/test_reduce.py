@@ -211,3 +211,32 @@ def test_l2_gradient_of_an_all_zero_slice_is_zero():
                                {"a": np.array([1], np.int64)}, ["y"], [TensorType(np.float64, (2,))], opset=18)
     (_, dx) = sess.run(None, {"x": x})
     assert np.isfinite(dx).all() and not dx[0].any()
+
+
+# --- TopK -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("k", [0, 1, 2, "all"])
+@pytest.mark.parametrize("largest", [0, 1])
+def test_topk_against_onnxruntime(axis, k, largest):
+    """Values and indices; integer data has ties, which go to the lower index first."""
+    rng = np.random.default_rng(11)
+    for x in (rng.standard_normal((3, 6, 5)).astype(np.float32), rng.integers(0, 3, (3, 6, 5)).astype(np.int64)):
+        kk = x.shape[axis] if k == "all" else k
+        m = model(helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=largest), {"x": x}, ["v", "i"],
+                  initializers={"k": np.array([kk], np.int64)})
+        assert_matches(m, {"x": x}, oracle=run_onnxruntime)
+
+
+def test_topk_gradient_by_finite_differences_and_k_is_checked():
+    from gradcheck import check_gradients
+
+    from edgetrain.ir import Node, TensorType
+    x = np.random.default_rng(4).standard_normal((3, 5))
+    check_gradients([Node("TopK", ["x", "k"], ["v", "i"], {"axis": 1}, "topk")], {"x": x}, ["v"],
+                    [TensorType(np.float64, (3, 2))], consts={"k": np.array([2], np.int64)})
+    xf = x.astype(np.float32)
+    too_many = model(helper.make_node("TopK", ["x", "k"], ["v", "i"]), {"x": xf}, ["v", "i"],
+                     initializers={"k": np.array([6], np.int64)})
+    with pytest.raises(ShapeError, match=r"K must be one int64 in \[0, 5\]"):
+        run_edgetrain(too_many, {"x": xf})
