@@ -34,7 +34,6 @@ def supported_ops() -> list[str]:
 ALTERNATIVES = {
     ("", "Einsum"): "export the contraction as MatMul/Transpose (e.g. torch.matmul instead of torch.einsum)",
     ("", "NegativeLogLikelihoodLoss"): "use SoftmaxCrossEntropyLoss (the CrossEntropy loss of edgetrain.artifacts)",
-    ("", "TopK"): "for a sort used as an argmax, export torch.argmax (ArgMax is supported)",
 }
 
 
