@@ -22,7 +22,13 @@ import math
 
 import numpy as np
 
-from edgetrain.ops.normalization import bn_training_mode, group_norm_per_channel, layer_norm_axis, stash_dtype
+from edgetrain.ops.normalization import (
+    bn_training_mode,
+    group_norm_per_channel,
+    layer_norm_axis,
+    lp_axis,
+    stash_dtype,
+)
 
 from ._jit import jit
 
@@ -369,3 +375,30 @@ def layer_norm_grad(ctx):
         if db_at >= 0:
             np.copyto(args[db_at].reshape(n), acc[1], casting="same_kind")
     return run
+
+
+def lp_normalization(ctx):
+    """y = x / ||x||_p along the axis, one pass for the norm and one to scale, per column of [outer, n, inner]."""
+    shape = ctx.shape(0)
+    axis = lp_axis(ctx, len(shape))
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    squared = ctx.attr("p") == 2
+
+    def run(x, y):
+        _lp_normalize(x.reshape(outer, shape[axis], inner), y.reshape(outer, shape[axis], inner), squared)
+    return run
+
+
+@jit
+def _lp_normalize(x, y, squared):
+    outer, n, inner = x.shape
+    for o in range(outer):
+        for i in range(inner):
+            s = 0.0
+            for r in range(n):
+                v = x[o, r, i]
+                s += v * v if squared else abs(v)
+            norm = np.sqrt(s) if squared else s
+            for r in range(n):
+                y[o, r, i] = x[o, r, i] / norm

@@ -419,7 +419,34 @@ BATCH_NORM = OpDef(
     doc="inference mode, or training_mode=1 with outputs Y, running_mean, running_var (biased batch var); "
         "trains as com.microsoft BatchNormInternal in training mode")
 
+# --- LpNormalization ----------------------------------------------------------------------------------------
+
+def lp_axis(ctx, rank: int) -> int:
+    if not rank:
+        raise ctx.error("input must have rank >= 1")
+    return normalize_axis(ctx, ctx.attr("axis"), rank)
+
+
+def _lp_normalization(ctx: NodeContext):
+    _float_input(ctx, 0, "input")
+    lp_axis(ctx, len(ctx.shape(0)))
+    return [ctx.type(0)]
+
+
+def _lp_normalization_vjp(g, dys):
+    """y = x / n with n = ||x||_p along the axis: dX = (dY - t * sum(dY * y)) / n, t = y (p = 2) or sign(x)
+    (p = 1)."""
+    axis, x, y = lp_axis(g, len(g.in_types[0].shape)), g.x(0), g.y()
+    norm = _reduce(g, "ReduceL2" if g.attr("p") == 2 else "ReduceL1", x, [axis], 1)
+    t = y if g.attr("p") == 2 else g.emit("Sign", [x])
+    projection = g.emit("Mul", [t, _reduce(g, "ReduceSum", g.emit("Mul", [dys[0], y]), [axis], 1)])
+    return [g.emit("Div", [g.emit("Sub", [dys[0], projection]), norm])]
+
+
 OPS = (
+    OpDef("LpNormalization", _lp_normalization, since=1, kernel="normalization.lp_normalization",
+          vjp=_lp_normalization_vjp, attrs={"axis": Int(-1), "p": Int(2, choices=(1, 2))},
+          doc="x / ||x||_p along one axis (p 1 or 2); a zero norm gives NaN, as the ONNX reference"),
     BATCH_NORM,
     OpDef("BatchNormInternal", _batch_norm_internal, domain=MS, since=1, kernel="normalization.batch_norm",
           workspace=_bn_workspace, vjp=_bn_internal_vjp, grad_outputs=5,

@@ -515,3 +515,31 @@ def test_rules_with_a_symbolic_batch():
         want = _torch_grads(reference, {"x": x, **params}, np.ones((n, 4, 3, 3)))
         for k in params:
             _close(ours[k], want[k], f"N={n} d{k}", rtol=1e-7)
+
+
+# --- LpNormalization -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_lp_normalization_against_onnxruntime(p, axis):
+    """(The ONNX reference evaluator's p=1 disagrees with the spec's x / sum|x|; onnxruntime follows it.)"""
+    x = np.random.default_rng(p + 10 * (axis + 1)).standard_normal((3, 4, 5)).astype(np.float32)
+    assert_matches(model(helper.make_node("LpNormalization", ["x"], ["y"], axis=axis, p=p), {"x": x}, ["y"]),
+                   {"x": x}, oracle=run_onnxruntime)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("opset", [17, 18])
+def test_lp_normalization_gradient_matches_torch(p, opset):
+    """Against torch.nn.functional.normalize (the same x / ||x||_p away from a zero norm), and by finite
+    differences; opset 17 and 18 put the gradient's reduction axes in an attribute and an input."""
+    x = np.random.default_rng(p).standard_normal((3, 4))
+    check_gradients([Node("LpNormalization", ["x"], ["y"], {"axis": 1, "p": p}, "lp")], {"x": x}, ["y"],
+                    [TensorType(np.float64, (3, 4))], opset=opset)
+    cot = np.random.default_rng(9).standard_normal((3, 4))
+    sess, _ = gradient_session([Node("LpNormalization", ["x"], ["y"], {"axis": 1, "p": p}, "lp")], {"x": x}, {},
+                               ["y"], [TensorType(np.float64, (3, 4))], opset=opset, seed=9)
+    (_, dx) = sess.run(None, {"x": x})
+    xt = torch.tensor(x, requires_grad=True)
+    (F.normalize(xt, p=p, dim=1, eps=0.0) * torch.tensor(cot)).sum().backward()
+    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-10, atol=1e-12)
