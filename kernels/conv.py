@@ -6,13 +6,15 @@ ConvGrad (com.microsoft) takes the same two paths: dW = sum over images of dY[n]
 recomputed into the workspace, per-image products summed), dX = col2im(W^T dY[n]) through the same
 workspace, dB a jitted row sum; the direct path computes dW and dX tap by tap over padded planes.
 
+ConvTranspose is ConvGrad's dX path with X in dY's place (``ops.conv`` derives the Conv whose adjoint it is).
+
 1-D convs run as 2-D ones with H = 1. Everything is a view of the caller's arrays: no allocation per call.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from edgetrain.ops.conv import conv_geometry, conv_grad_outputs
+from edgetrain.ops.conv import conv_geometry, conv_grad_outputs, conv_transpose_geometry
 
 from ._jit import jit
 
@@ -373,4 +375,56 @@ def conv_grad(ctx):
                 dcols = ws[0].reshape(cols_g)
                 np.matmul(wt, dy_gv, out=dcols)                  # per image: W^T dY[n], the columns of dX
                 _col2im(ws[0], args[3].reshape(x4), ws[1], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow)
+    return run
+
+
+# --- ConvTranspose ----------------------------------------------------------------------------------------
+
+def conv_transpose(ctx):
+    """Launcher: ``run(X, W[, B], Y, *workspace)`` (``ops.conv.conv_transpose_workspace``). Y = col2im(W^T X)
+    (+ B): ConvGrad's dX of the Conv from Y to X, X in place of that Conv's output gradient."""
+    g = conv_transpose_geometry(ctx).conv
+    win = g.window
+    kh, kw = win.kernel
+    sh, sw = win.strides
+    dh, dw = win.dilations
+    ph, pw = win.pads_begin
+    oh, ow = win.out
+    n, c, m, group = g.n, g.c, g.m, g.group
+    cg, mg = c // group, m // group
+    y4 = (n, c) + g.in_hw          # ConvTranspose's output: the Conv's input
+    w4 = (m, cg, kh, kw)
+    x4 = (n, m, oh, ow)            # ConvTranspose's input: the Conv's output
+    n_in = len(ctx.node.inputs)
+    has_bias = ctx.has_input(2)
+    bias_shape = (1, c, 1, 1)
+
+    if g.direct:
+        def run_direct(*args):
+            y = args[n_in].reshape(y4)
+            plane, xrow = args[n_in + 1], args[n_in + 2]
+            # dW is not wanted: the Conv-input slot is only read for its shape, and one plane serves both
+            _conv_direct_grad(y, args[1].reshape(w4), args[0].reshape(x4), y, y, plane, plane, xrow,
+                              True, False, group, sh, sw, dh, dw, ph, pw)
+            if has_bias:
+                np.add(y, args[2].reshape(bias_shape), out=y)
+        return run_direct
+
+    pointwise = g.pointwise
+    ckk, ohw = g.ckk, g.ohw
+    cgkk = ckk // group
+    w_g, cols_g, x_g = (group, mg, cgkk), (n, group, cgkk, ohw), (n, group, mg, ohw)
+
+    def run(*args):
+        y = args[n_in]
+        wt = args[1].reshape(w_g).swapaxes(-1, -2)
+        if pointwise:
+            np.matmul(wt, args[0].reshape(x_g), out=y.reshape(cols_g))
+        else:
+            cols = args[n_in + 1]
+            np.matmul(wt, args[0].reshape(x_g), out=cols.reshape(cols_g))   # per image: W^T X[n]
+            _col2im(cols, y.reshape(y4), args[n_in + 2], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow)
+        if has_bias:
+            y = y.reshape(y4)
+            np.add(y, args[2].reshape(bias_shape), out=y)
     return run

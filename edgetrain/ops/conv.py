@@ -1,6 +1,8 @@
-"""Conv (1-D and 2-D, any group count) and its gradient op, onnxruntime's com.microsoft ConvGrad. Conv's
-bias is split off by ``plan.lower`` into an element-wise Add, so at runtime Conv usually has two inputs;
-constant folding may still run it with a bias. The gradient rule sees the unlowered node, bias included.
+"""Conv (1-D and 2-D, any group count) and its gradient op, onnxruntime's com.microsoft ConvGrad;
+ConvTranspose, the adjoint of a Conv, with a gradient rule in the same vocabulary. The bias of Conv and
+ConvTranspose is split off by ``plan.lower`` into an element-wise Add, so at runtime they usually have two
+inputs; constant folding may still run them with a bias. The gradient rules see the unlowered node, bias
+included.
 
 ``window_geometry`` is the sliding-window arithmetic (auto_pad, pads, strides, dilations, ceil_mode) that
 the pooling ops share.
@@ -264,6 +266,158 @@ def conv_grad_workspace(ctx: NodeContext):
     return ws
 
 
+# --- ConvTranspose ----------------------------------------------------------------------------------------
+# ConvTranspose(X, W) is the adjoint of the Conv from Y back to X with the same W: W's layout
+# [C_in, C_out/group, k...] is Conv's [M, C/group, k...] with M = C_in and C = C_out. Its geometry is
+# that Conv's, with Y's spatial shape as the Conv's input and X's as its output, so the kernel is ConvGrad's
+# dX path and the gradient rule a Conv (dX) and a ConvGrad (dW).
+
+CONV_TRANSPOSE_ATTRS = CONV_ATTRS | {"output_padding": Ints(low=DIM[0], high=DIM[1]),
+                                     "output_shape": Ints(low=DIM[0], high=DIM[1])}
+
+
+@dataclass(frozen=True)
+class TransposeGeometry:
+    """ConvTranspose's output spatial shape and the Conv (from Y to X) whose adjoint it is: ``conv.window``
+    has X's spatial shape as output and the pads that crop the full result to Y."""
+    conv: ConvGeometry
+    out: tuple[int, ...]          # Y's spatial shape (one entry for 1-D)
+
+    def conv_attrs(self) -> dict:
+        """The attributes of that Conv (1-D: without the leading size-1 dim)."""
+        w, skip = self.conv.window, 2 - len(self.out)
+        return {"kernel_shape": w.kernel[skip:], "strides": w.strides[skip:], "dilations": w.dilations[skip:],
+                "pads": w.pads_begin[skip:] + w.pads_end[skip:], "group": self.conv.group}
+
+
+def _transpose_pads(size: int, span: int, st: int, extra: int, b: int, e: int, out: int | None,
+                    auto_pad: str) -> tuple[int, int, int]:
+    """(output size, begin pad, end pad) along one axis, as onnxruntime computes them: the full result is
+    ``st * (size - 1) + span`` long; output_padding (``extra``) adds zeros at its end; explicit pads crop it;
+    SAME_* (output ``size * st``) and an explicit output_shape split the total crop (more at the end for
+    SAME_UPPER, at the start otherwise). An output_shape longer than the full result grows it with zeros at
+    its end; SAME_* never grows it (onnxruntime's output then is shorter than ``size * st``, where the ONNX
+    spec and its reference evaluator pad with zeros: only when the kernel's span is shorter than the
+    stride)."""
+    full = st * (size - 1) + span + extra
+    if out is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = min(size * st, full)
+    if out is None:
+        return (full, 0, 0) if auto_pad == "VALID" else (full - b - e, b, e)
+    total = max(0, full - out)
+    begin = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+    return out, begin, total - begin
+
+
+def _output_shape(ctx: NodeContext, nd: int) -> tuple:
+    """The output_shape attribute (Y's spatial shape), or one None per spatial dim when absent."""
+    shape = ctx.attr("output_shape")
+    if shape is None:
+        return (None,) * nd
+    if len(shape) != nd or any(s < 1 for s in shape):
+        raise ctx.error(f"output_shape {list(shape)} must have {nd} positive entries (one per spatial dim)")
+    return tuple(shape)
+
+
+def conv_transpose_geometry(ctx: NodeContext) -> TransposeGeometry:
+    """ConvTranspose's geometry from inputs X, W (and B, checked when present)."""
+    x = check_rank(ctx, 0)
+    w = ctx.shape(1)
+    nd = len(x) - 2
+    if len(w) != len(x):
+        raise ctx.error(f"W of shape {w} must have the rank of X ({len(x)})")
+    if ctx.type(1).dtype != ctx.type(0).dtype:
+        raise ctx.error("X and W must share one element type")
+    group = ctx.attr("group")
+    n, c_in = x[0], x[1]
+    if w[0] != c_in:
+        raise ctx.error(f"W of shape {w} must have X's {c_in} channels first ([C_in, C_out/group, k...])")
+    if c_in % group:
+        raise ctx.error(f"group {group} must divide the input channels ({c_in})")
+    c_out = w[1] * group
+    kernel = tuple(w[2:])
+    attr_kernel = ctx.attr("kernel_shape")
+    if attr_kernel is not None and tuple(attr_kernel) != kernel:
+        raise ctx.error(f"kernel_shape {list(attr_kernel)} differs from W's spatial shape {list(kernel)}")
+    if any(k < 1 for k in kernel):
+        raise ctx.error(f"kernel_shape {list(kernel)} must be positive")
+    if ctx.has_input(2):
+        if ctx.shape(2) != (c_out,):
+            raise ctx.error(f"B must have shape ({c_out},); got {ctx.shape(2)}")
+        if ctx.type(2).dtype != ctx.type(0).dtype:
+            raise ctx.error("X and B must share one element type")
+    strides, dilations, auto_pad, begin, end = _window_attrs(ctx, nd)
+    extra = _ints(ctx, "output_padding", nd, 0)
+    wanted = _output_shape(ctx, nd)
+    span = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
+    axes = [_transpose_pads(*a, auto_pad) for a in zip(x[2:], span, strides, extra, begin, end, wanted)]
+    out = tuple(a[0] for a in axes)
+    if any(o < 1 for o in out):
+        raise ctx.error(f"the output spatial shape {list(out)} is empty (pads {list(begin + end)} crop more "
+                        "than the full result)")
+    # the Conv from Y to X: its end pad is what the crop drops past Y, output_padding's zeros are never read
+    conv_begin = tuple(a[1] for a in axes)
+    conv_end = tuple(max(0, st * (s - 1) + sp - b - o)
+                     for s, sp, st, b, o in zip(x[2:], span, strides, conv_begin, out))
+    back = [(o + b + e - sp) // st + 1 for o, b, e, sp, st in zip(out, conv_begin, conv_end, span, strides)]
+    if tuple(back) != tuple(x[2:]):
+        raise ctx.error(f"output_padding {list(extra)} or output_shape {list(out)} adds a stride or more of "
+                        f"zeros (strides {list(strides)}): a Conv with these attributes maps Y back to "
+                        f"spatial shape {back}, not X's {list(x[2:])}; make each output_padding smaller than "
+                        "its stride")
+    window = Window(kernel, strides, dilations, conv_begin, conv_end, tuple(x[2:])).as_2d()
+    in_hw = out if nd == 2 else (1,) + out
+    return TransposeGeometry(ConvGeometry(n, c_out, c_in, group, window, in_hw), out)
+
+
+def _conv_transpose(ctx: NodeContext):
+    g = conv_transpose_geometry(ctx)
+    return [TensorType(ctx.type(0).dtype, (g.conv.n, g.conv.c) + g.out)]
+
+
+def conv_transpose_workspace(ctx: NodeContext):
+    """Scratch of ``kernels.conv.conv_transpose``, ConvGrad's dX path: the columns W^T X and a padded plane of
+    Y (GEMM path, nothing for a pointwise one); padded planes and one X plane (direct path)."""
+    g = conv_transpose_geometry(ctx).conv
+    dtype = ctx.type(0).dtype
+    w = g.window
+    padded = (g.in_hw[0] + w.pads_begin[0] + w.pads_end[0], g.in_hw[1] + w.pads_begin[1] + w.pads_end[1])
+    if g.direct:
+        plane = TensorType(dtype, padded)
+        return [plane, TensorType(dtype, (w.out[0] * padded[1],))]
+    if g.pointwise:
+        return []
+    return [TensorType(dtype, (g.n, g.ckk, g.ohw)), TensorType(dtype, padded)]
+
+
+def _conv_transpose_vjp(g, dys):
+    """With C the Conv from Y to X whose adjoint ConvTranspose is (Y = C^T(X; W) + B):
+    dX = C(dY; W) = Conv(dY, W), dW = com.microsoft ConvGrad(X, dY, W)'s dW (X in dY's place: the gradient of
+    <X, C(dY; W)> in W), dB = ReduceSum(dY) over N and space."""
+    dy = dys[0]
+    probe = NodeContext(g.node, CONV_TRANSPOSE, g.opset, list(g.in_types), [None] * len(g.in_types))
+    attrs = conv_transpose_geometry(probe).conv_attrs()
+    needs = list(g.needs) + [False] * 3
+    dx = g.emit("Conv", [dy, g.x(1)], attrs) if needs[0] else None
+    dw = None
+    if needs[1]:
+        label = g.node.name or g.y()
+        dw = f"{label}_Grad/ConvGrad_dW"
+        g.emit("ConvGrad", [g.x(0), dy, g.x(1)], attrs, "com.microsoft", outputs=["", dw], n_out=2)
+    db = None
+    if needs[2]:
+        axes = [0] + list(range(2, len(g.in_types[0].shape)))
+        # ReduceSum-13's axes input: edgetrain loads ai.onnx opsets 13 and later only
+        db = g.emit("ReduceSum", [dy, g.const(axes, "int64", "axes")], {"keepdims": 0})
+    return [dx, dw, db]
+
+
+CONV_TRANSPOSE = OpDef(
+    "ConvTranspose", _conv_transpose, since=11, kernel="conv.conv_transpose",
+    workspace=conv_transpose_workspace, vjp=_conv_transpose_vjp, attrs=CONV_TRANSPOSE_ATTRS,
+    doc="1-D/2-D, the adjoint of Conv: W^T X by np.matmul, then col2im (ConvGrad's dX path); a direct loop "
+        "for one output channel per group")
+
 OPS = (
     OpDef("Conv", _conv, since=11, kernel="conv.conv", workspace=conv_workspace, vjp=_conv_vjp, attrs=CONV_ATTRS,
           doc="1-D/2-D; im2col + batched np.matmul, a direct loop for one input channel per group"),
@@ -271,4 +425,5 @@ OPS = (
           workspace=conv_grad_workspace, attrs=CONV_ATTRS,
           doc="inputs dY, X, W; optional outputs dX, dW, dB; Conv's attributes. im2col + np.matmul + col2im, "
               "direct loops for one input channel per group"),
+    CONV_TRANSPOSE,
 )

@@ -1,7 +1,7 @@
 """Stage 2: rewrite compound ops into a core op plus element-wise epilogues the fuser can merge.
 
 - ``Gemm(A, B, C)`` -> ``FusedMatMul(A, B)`` then ``Add(acc, beta * C)``
-- ``Conv(X, W, B)`` -> ``Conv(X, W)`` then ``Add(acc, B viewed as [M, 1, ...])``
+- ``Conv(X, W, B)`` -> ``Conv(X, W)`` then ``Add(acc, B viewed as [M, 1, ...])``, ConvTranspose alike
 - ``Dropout`` in inference mode (or with ratio 0) -> a view of its input, with an all-true mask
 - ``Sum``/``Max``/``Min``/``Mean`` of more than ``MAX_FUSED_INPUTS`` inputs -> a chain of bounded pieces, each
   combining the previous piece with the next inputs in order (so the same operations in the same order: the
@@ -68,7 +68,7 @@ def _conv(e: _Emitter, b: Bound) -> bool:
         return False
     y = node.outputs[0]
     out = ctx.out(0)
-    e.emit(node, "Conv", node.inputs[:2], [f"{y}/acc"], [out], dict(node.attrs), opset=ctx.opset)
+    e.emit(node, node.op_type, node.inputs[:2], [f"{y}/acc"], [out], dict(node.attrs), opset=ctx.opset)
     bias_shape = (out.shape[1],) + (1,) * (len(out.shape) - 2)
     shape = e.const(f"{y}/bias_shape", np.array(bias_shape, np.int64))
     e.emit(node, "Reshape", [node.inputs[2], shape], [f"{y}/bias"], [TensorType(ctx.type(2).dtype, bias_shape)])
@@ -109,8 +109,8 @@ def _variadic(e: _Emitter, b: Bound) -> bool:
     return True
 
 
-RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "Dropout"): _dropout, ("", "Sum"): _variadic,
-         ("", "Mean"): _variadic, ("", "Max"): _variadic, ("", "Min"): _variadic}
+RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "ConvTranspose"): _conv, ("", "Dropout"): _dropout,
+         ("", "Sum"): _variadic, ("", "Mean"): _variadic, ("", "Max"): _variadic, ("", "Min"): _variadic}
 
 
 def lower(spec: Specialized) -> Specialized:
