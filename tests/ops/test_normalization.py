@@ -474,13 +474,15 @@ def test_loss_through_layer_norm_statistics_is_refused():
 
 
 def test_batch_norm_directional_at_mobilenet_shapes():
-    """Dot-product test of training-mode BatchNorm at a MobileNet block's shape (float32)."""
+    """Dot-product test of training-mode BatchNorm at a MobileNet block's shape, in float64: in float32 the
+    difference quotient of a 131k-term loss is rounding noise for the small bias (4% off on the arm64 stage,
+    whose reductions sum in another order); float32 kernels are checked against torch elsewhere."""
     rng = np.random.default_rng(15)
-    f32 = np.float32
-    params = {"x": (rng.standard_normal((16, 32, 16, 16)) * 0.5 + 0.2).astype(f32),
-              "s": (1 + 0.1 * rng.standard_normal(32)).astype(f32), "b": (0.1 * rng.standard_normal(32)).astype(f32)}
-    consts = {"m": np.zeros(32, f32), "v": np.ones(32, f32)}
-    check_directional([_bn_node(training_mode=1)], params, ["y"], [_t((16, 32, 16, 16), f32)], consts=consts,
+    f64 = np.float64
+    params = {"x": rng.standard_normal((16, 32, 16, 16)) * 0.5 + 0.2, "s": 1 + 0.1 * rng.standard_normal(32),
+              "b": 0.1 * rng.standard_normal(32)}
+    consts = {"m": np.zeros(32, f64), "v": np.ones(32, f64)}
+    check_directional([_bn_node(training_mode=1)], params, ["y"], [_t((16, 32, 16, 16), f64)], consts=consts,
                       opset=15)
 
 
