@@ -99,16 +99,17 @@ def resolve(max_memory: int | None) -> int | None:
     return int(max_memory)
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n >= 10_000 else f"{n} B"
+def format_bytes(n: float) -> str:
+    """``2.51 MB``, or ``640 B`` below 10 kB: how plans, budgets and the timeline print sizes."""
+    return f"{n / 1e6:.2f} MB" if n >= 10_000 else f"{int(n)} B"
 
 
 def check(nbytes: int, max_memory: int | None, what: str) -> None:
     """Refuse an allocation of ``nbytes`` for ``what`` (e.g. "the state store of the training model") over
     the budget, before it happens."""
     if max_memory is not None and nbytes > max_memory:
-        raise MemoryBudgetError(f"{what} needs {nbytes} bytes ({_mb(nbytes)}), over the memory budget of "
-                                f"{max_memory} bytes ({_mb(max_memory)}); raise max_memory (or {ENV}) if this "
+        raise MemoryBudgetError(f"{what} needs {nbytes} bytes ({format_bytes(nbytes)}), over the memory budget of "
+                                f"{max_memory} bytes ({format_bytes(max_memory)}); raise max_memory (or {ENV}) if this "
                                 "is intended")
 
 

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from html import escape
 
+from .budget import format_bytes
+
 WIDTH, PANEL_HEIGHT, MARGIN, LABELLED = 900, 260, 60, 6
 COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
-
-
-def _mb(n: float) -> str:
-    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} KB"
 
 
 def _panel(report, top: int) -> list[str]:
@@ -27,26 +25,26 @@ def _panel(report, top: int) -> list[str]:
         return MARGIN + plot_h * offset / arena
 
     out = [f'<text x="{MARGIN}" y="{MARGIN - 24}" font-size="14" font-weight="bold">{escape(report.kind)} step '
-           f'({escape(report.model)}): arena {_mb(report.arena_bytes)}, naive {_mb(report.naive_bytes)}, '
+           f'({escape(report.model)}): arena {format_bytes(report.arena_bytes)}, naive {format_bytes(report.naive_bytes)}, '
            f'{report.n_steps} steps</text>',
            f'<rect x="{MARGIN}" y="{MARGIN}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>',
            f'<text x="{MARGIN}" y="{PANEL_HEIGHT - MARGIN + 16}" font-size="11">step 0</text>',
            f'<text x="{WIDTH - MARGIN}" y="{PANEL_HEIGHT - MARGIN + 16}" font-size="11" text-anchor="end">'
            f'step {steps - 1}</text>',
            f'<text x="{MARGIN - 6}" y="{MARGIN + 4}" font-size="11" text-anchor="end">0</text>',
-           f'<text x="{MARGIN - 6}" y="{MARGIN + plot_h}" font-size="11" text-anchor="end">{_mb(arena)}</text>']
+           f'<text x="{MARGIN - 6}" y="{MARGIN + plot_h}" font-size="11" text-anchor="end">{format_bytes(arena)}</text>']
     largest = sorted(report.buffers, key=lambda b: -b["bytes"])[:top]
     for k, b in enumerate(report.buffers):
         x0, x1 = x(b["start"]), x(b["end"] + 1)
         y0, y1 = y(b["offset"]), y(b["offset"] + b["bytes"])
         out.append(f'<rect x="{x0:.1f}" y="{y0:.1f}" width="{max(x1 - x0, 1):.1f}" height="{max(y1 - y0, 0.5):.1f}" '
                    f'fill="{COLORS[k % len(COLORS)]}" fill-opacity="0.75" stroke="white" stroke-width="0.3">'
-                   f'<title>{escape(b["name"])}: {_mb(b["bytes"])}, steps {b["start"]}-{b["end"]}</title></rect>')
+                   f'<title>{escape(b["name"])}: {format_bytes(b["bytes"])}, steps {b["start"]}-{b["end"]}</title></rect>')
     for b in largest:     # labels near the right edge end at their box's end instead of running off the picture
         right = x(b["start"]) > MARGIN + 0.7 * plot_w
         at, anchor = (x(b["end"] + 1) - 2, "end") if right else (x(b["start"]) + 2, "start")
         out.append(f'<text x="{at:.1f}" y="{y(b["offset"] + b["bytes"] / 2) + 4:.1f}" font-size="10" '
-                   f'text-anchor="{anchor}">{escape(b["name"][:40])} {_mb(b["bytes"])}</text>')
+                   f'text-anchor="{anchor}">{escape(b["name"][:40])} {format_bytes(b["bytes"])}</text>')
     return out
 
 

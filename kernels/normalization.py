@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from edgetrain.ops.base import axis_view
 from edgetrain.ops.normalization import (
     bn_training_mode,
     group_norm_per_channel,
@@ -379,14 +380,11 @@ def layer_norm_grad(ctx):
 
 def lp_normalization(ctx):
     """y = x / ||x||_p along the axis, one pass for the norm and one to scale, per column of [outer, n, inner]."""
-    shape = ctx.shape(0)
-    axis = lp_axis(ctx, len(shape))
-    outer = int(np.prod(shape[:axis], dtype=np.int64))
-    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    view = axis_view(ctx, lp_axis(ctx, len(ctx.shape(0))))
     squared = ctx.attr("p") == 2
 
     def run(x, y):
-        _lp_normalize(x.reshape(outer, shape[axis], inner), y.reshape(outer, shape[axis], inner), squared)
+        _lp_normalize(x.reshape(view), y.reshape(view), squared)
     return run
 
 

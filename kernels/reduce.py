@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgetrain.ops.base import axis_view
 from edgetrain.ops.reduce import (
     arg_axis,
-    axis_view,
     block_view,
     cumsum_axis,
     reduce_axes,

@@ -12,9 +12,9 @@ import numpy as np
 from edgetrain import config
 from edgetrain.ops.tensor import (
     RESIZE_RANK,
-    gather_elements_axis,
     dropout_grad_scale,
     dropout_ratio,
+    gather_elements_axis,
     pad_widths,
     resize_grad_view,
     resize_tables,

@@ -156,6 +156,14 @@ class NodeContext:
                           f"not {allowed}")
 
 
+def axis_view(ctx: NodeContext, axis: int) -> tuple[int, int, int]:
+    """Input 0 as [outer, n, inner] around ``axis`` (normalized): what one-axis kernels (softmax, cumsum,
+    arg/top-k, Lp normalization) loop over."""
+    shape = ctx.shape(0)
+    return (int(np.prod(shape[:axis], dtype=np.int64)), int(shape[axis]),
+            int(np.prod(shape[axis + 1:], dtype=np.int64)))
+
+
 def normalize_axis(ctx: NodeContext, axis: int, rank: int) -> int:
     if not -rank <= axis < max(rank, 1):
         raise ctx.error(f"axis {axis} is out of range for rank {rank}")

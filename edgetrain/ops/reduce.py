@@ -168,13 +168,6 @@ def _reduce_all_l2_vjp(g, dys):
 
 # --- along one axis: CumSum, ArgMax, ArgMin -------------------------------------------------------------------
 
-def axis_view(ctx: NodeContext, axis: int) -> tuple[int, int, int]:
-    """X as [outer, n, inner] around ``axis`` (normalized)."""
-    shape = ctx.shape(0)
-    prod = lambda dims: int(np.prod(dims, dtype=np.int64))  # noqa: E731
-    return prod(shape[:axis]), shape[axis], prod(shape[axis + 1:])
-
-
 def cumsum_axis(ctx: NodeContext) -> int:
     axis = ctx.const(1, "axis")
     if axis.size != 1 or axis.dtype not in INTS:

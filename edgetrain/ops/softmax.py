@@ -4,12 +4,10 @@ Each is one fused kernel (max, sum of exponentials, normalize) in ``edgetrain.ke
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..ir import TensorType
 from ..ir.dtypes import FLOATS, INTS
 from .attrs import Int, String
-from .base import NodeContext, OpDef, normalize_axis
+from .base import NodeContext, OpDef, axis_view, normalize_axis
 
 REDUCTIONS = ("none", "sum", "mean")
 AXIS = {"axis": Int(-1)}
@@ -25,10 +23,7 @@ def softmax_axis(ctx: NodeContext) -> int:
 
 def softmax_view(ctx: NodeContext) -> tuple[int, int, int]:
     """X as [outer, n, inner] with n the softmax axis."""
-    shape = ctx.shape(0)
-    axis = softmax_axis(ctx)
-    return (int(np.prod(shape[:axis], dtype=np.int64)), int(shape[axis]),
-            int(np.prod(shape[axis + 1:], dtype=np.int64)))
+    return axis_view(ctx, softmax_axis(ctx))
 
 
 def _softmax(ctx: NodeContext):

@@ -720,11 +720,13 @@ RANGE_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int16, np.
 def range_length(ctx: NodeContext) -> int:
     """ONNX Range: max(ceil((limit - start) / delta), 0) elements; the inputs must be known when planning (a
     model's arange over a sequence length computed from shapes folds to one)."""
-    start, limit, delta = (ctx.const(i, what).reshape(()).item() for i, what in enumerate(("start", "limit", "delta")))
     if len({ctx.type(i).dtype for i in range(3)}) > 1 or any(ctx.shape(i) != () for i in range(3)):
         raise ctx.error("start, limit and delta must be scalars of one element type")
+    start, limit, delta = (ctx.const(i, what).item() for i, what in enumerate(("start", "limit", "delta")))
     if delta == 0:
         raise ctx.error("delta must not be 0")
+    if not all(np.isfinite([start, limit, delta])):
+        raise ctx.error(f"start {start}, limit {limit} and delta {delta} must be finite")
     if ctx.type(0).dtype.kind in "iu":
         return max(-((start - limit) // delta), 0)      # exact ceiling division in integers
     return max(int(np.ceil((limit - start) / delta)), 0)
@@ -740,7 +742,10 @@ def trilu_mask(ctx: NodeContext) -> np.ndarray:
     shape = ctx.shape(0)
     if len(shape) < 2:
         raise ctx.error(f"input must have rank >= 2, got shape {shape}")
-    k = int(ctx.const(1, "k").reshape(())) if ctx.has_input(1) else 0
+    k = ctx.const(1, "k") if ctx.has_input(1) else np.zeros((), np.int64)
+    if k.size != 1 or k.dtype != np.int64:
+        raise ctx.error(f"k must be one int64, got {ctx.type(1)}")
+    k = int(k.reshape(()))
     offset = np.arange(shape[-1])[None, :] - np.arange(shape[-2])[:, None]
     return offset >= k if ctx.attr("upper") else offset <= k
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import budget, config
+from ..budget import format_bytes
 from ..errors import EdgetrainError, MemoryBudgetError
 from ..ir import Graph, TensorType
 from .fusion import Step, fuse
@@ -56,9 +57,9 @@ class Plan:
         return sum(len(s.nodes) for s in self.steps)
 
     def summary(self) -> str:
-        return (f"arena {_mb(self.arena_bytes)} (naive {_mb(self.naive_bytes)}), "
+        return (f"arena {format_bytes(self.arena_bytes)} (naive {format_bytes(self.naive_bytes)}), "
                 f"{self.n_kernels} kernels ({self.n_ops} ops), "
-                f"constants {_mb(sum(np.asarray(c).nbytes for c in self.spec.consts.values()))}")
+                f"constants {format_bytes(sum(np.asarray(c).nbytes for c in self.spec.consts.values()))}")
 
     def describe(self) -> str:
         """One line per step: what runs, what it reads and writes."""
@@ -67,10 +68,6 @@ class Plan:
             lines.append(f"{s:4d} {step.label:40s} {', '.join(i for i in step.inputs if i)} -> "
                          f"{', '.join(o for o in step.outputs if o)}")
         return "\n".join(lines)
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.2f} MB" if n >= 10_000 else f"{n} B"
 
 
 def peak_tensors(plan: Plan, top: int = 5) -> tuple[int, int, list[tuple[str, str, int]]]:
@@ -93,9 +90,9 @@ def _over_budget(name: str, plan: Plan, max_memory: int) -> str:
     where = "the inputs"
     if 0 <= step < len(plan.steps):
         where = f"step {step} ({plan.steps[step].label} '{plan.steps[step].nodes[0].node.name}')"
-    return (f"graph '{name}' needs an arena of {plan.arena_bytes} bytes ({_mb(plan.arena_bytes)}), over the "
-            f"budget of {max_memory} bytes ({_mb(max_memory)}); at its peak, {where}, {live} bytes are alive; "
-            "largest tensors there: " + ", ".join(f"'{n}' {t} {_mb(b)}" for n, t, b in rows))
+    return (f"graph '{name}' needs an arena of {plan.arena_bytes} bytes ({format_bytes(plan.arena_bytes)}), over the "
+            f"budget of {max_memory} bytes ({format_bytes(max_memory)}); at its peak, {where}, {live} bytes are alive; "
+            "largest tensors there: " + ", ".join(f"'{n}' {t} {format_bytes(b)}" for n, t, b in rows))
 
 
 def make_plan(graph: Graph, input_types: dict[str, TensorType], output_names: list[str],

@@ -1003,3 +1003,25 @@ def test_scatter_elements_gradients_by_finite_differences(reduction):
     idx = _distinct_indices(rng, [3, 2], 1, 4) if reduction == "none" else np.array([[0, 0], [3, 1], [2, 2]])
     check_gradients([Node("ScatterElements", ["x", "i", "u"], ["y"], {"axis": 1, "reduction": reduction}, "sc")],
                     {"x": x, "u": u}, ["y"], [TensorType(np.float64, (3, 4))], consts={"i": idx}, opset=18)
+
+
+@pytest.mark.parametrize("limit", [np.inf, np.nan])
+def test_range_refuses_a_non_finite_bound(limit):
+    """A hostile model's limit of inf or NaN: a ShapeError naming the node, not an OverflowError from int()."""
+    consts = {"s": np.array(0, np.float32), "l": np.array(limit, np.float32), "d": np.array(1, np.float32)}
+    x = np.zeros(1, np.float32)
+    m = model([helper.make_node("Range", ["s", "l", "d"], ["y"], name="rng")], {"x": x}, ["y"], initializers=consts)
+    with pytest.raises(ShapeError, match="'rng'.*must be finite"):
+        run_edgetrain(m, {"x": x})
+
+
+def test_trilu_and_range_refuse_malformed_scalars():
+    x = np.zeros((3, 3), np.float32)
+    m = model(helper.make_node("Trilu", ["x", "k"], ["y"], name="tri"), {"x": x}, ["y"],
+              initializers={"k": np.array([1, 2], np.int64)})
+    with pytest.raises(ShapeError, match="'tri'.*k must be one int64"):
+        run_edgetrain(m, {"x": x})
+    consts = {"s": np.array([0, 1], np.int64), "l": np.array(3, np.int64), "d": np.array(1, np.int64)}
+    m = model([helper.make_node("Range", ["s", "l", "d"], ["y"], name="rng")], {"x": x}, ["y"], initializers=consts)
+    with pytest.raises(ShapeError, match="'rng'.*must be scalars"):
+        run_edgetrain(m, {"x": x})
