@@ -17,7 +17,6 @@ from .ops import check_attributes
 from .reading import read_regular
 
 SUPPORTED_ONNX_OPSETS = range(13, 22)
-MS_DOMAIN = "com.microsoft"
 
 
 def load_model(model) -> onnx.ModelProto:

@@ -181,9 +181,3 @@ def broadcast_shapes(ctx: NodeContext, *shapes: tuple[int, ...]) -> tuple[int, .
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
 
-
-def same_as_input(i: int = 0):
-    """Shape rule: every output has the type of input ``i``."""
-    def infer(ctx: NodeContext):
-        return [ctx.type(i)] * max(1, len([o for o in ctx.node.outputs]))
-    return infer

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir import TensorType
 from .specialize import Bound, Specialized
 
 MAX_FUSED_OPS = 32       # ops in one generated kernel
@@ -90,7 +89,3 @@ def fuse(spec: Specialized, enabled: bool = True) -> list[Step]:
     for g in list(open_groups):
         seal(g)
     return steps
-
-
-def step_types(spec: Specialized, names: list[str]) -> list[TensorType | None]:
-    return [spec.types[n] if n else None for n in names]
