@@ -9,6 +9,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     _os.environ.setdefault(_var, _os.environ.get("EDGETRAIN_NUM_THREADS", "1"))
 
 from .errors import EdgetrainError  # noqa: E402
+from .ortvalue import OrtValue  # noqa: E402
 from .session import InferenceSession  # noqa: E402
 
-__all__ = ["EdgetrainError", "InferenceSession", "__version__"]
+__all__ = ["EdgetrainError", "InferenceSession", "OrtValue", "__version__"]

@@ -14,6 +14,7 @@ from . import checkpoint as ckpt_io
 from .errors import EdgetrainError, InputError
 from .ir import Graph, TensorType
 from .ops import node_attr
+from .ortvalue import OrtValue, as_array
 from .plan import make_plan
 from .runtime import Program
 from .runtime.program import aligned_empty
@@ -408,16 +409,30 @@ class Module:
         n = self._store.size
         return n if trainable_only else n + sum(a.size for a in self._store.frozen.values())
 
-    def get_contiguous_parameters(self, trainable_only: bool = False) -> np.ndarray:
-        """Parameters in the training model's order, as one 1-D array (a view when trainable_only)."""
+    def get_contiguous_parameters(self, trainable_only: bool = False, *, copy: bool = True) -> OrtValue:
+        """Parameters in the training model's order, as one 1-D array that also answers ORT's ``OrtValue``
+        methods (``.numpy()``, ``.shape()``, ...).
+
+        A copy by default, so a snapshot stays what it was after ``optimizer.step()`` (federated averaging,
+        rollbacks). ``copy=False`` opts into a live, zero-copy view of the trainable parameters: writes to it
+        change the model, and later steps change it. Frozen parameters are stored apart, so a view cannot hold
+        them."""
+        if not copy:
+            if self._store.frozen and not trainable_only:
+                raise InputError("a zero-copy view holds only the trainable parameters (the frozen ones, "
+                                 f"{', '.join(sorted(self._store.frozen))}, are stored apart): pass "
+                                 "trainable_only=True, or copy=True")
+            return self._store.params.view(OrtValue)
         if trainable_only or not self._store.frozen:
-            return self._store.params
+            return OrtValue.ortvalue_from_numpy(self._store.params)
         parts = [self._store.param(p).reshape(-1) if p in self._store.offsets else
                  self._store.frozen[p].reshape(-1) for p in self._train.params]
-        return np.concatenate(parts)
+        return np.concatenate(parts).view(OrtValue)
 
-    def copy_buffer_to_parameters(self, buffer: np.ndarray, trainable_only: bool = True) -> None:
-        buffer = np.asarray(buffer).reshape(-1)
+    def copy_buffer_to_parameters(self, buffer, trainable_only: bool = True) -> None:
+        """Fill the parameters from a flat buffer laid out as ``get_contiguous_parameters`` lays it: a numpy
+        array, one of edgetrain's ``OrtValue``s or ORT's (anything with ``.numpy()``)."""
+        buffer = as_array(buffer).reshape(-1)
         want = self.get_parameters_size(trainable_only)
         if buffer.size != want:
             raise InputError(f"buffer has {buffer.size} elements, the parameters need {want}")

@@ -275,7 +275,7 @@ art, path = sys.argv[1], sys.argv[2]
 state = CheckpointState.load_checkpoint(art + "/checkpoint")
 module = Module(art + "/training_model.onnx", state)
 Optimizer(art + "/optimizer_model.onnx", module)
-flat = module.get_contiguous_parameters(trainable_only=True)
+flat = module.get_contiguous_parameters(trainable_only=True, copy=False)   # live: writes change the state
 k = 0
 while True:
     flat[:] = k % 2            # the two states a reader may find: all zeros or all ones
@@ -337,6 +337,84 @@ def test_contiguous_parameters_in_orts_order(shared, ort, name):
         ours = module.get_contiguous_parameters(trainable_only=trainable_only)
         assert module.get_parameters_size(trainable_only) == out[f"size{int(trainable_only)}"]
         np.testing.assert_array_equal(ours, out[f"flat{int(trainable_only)}"], err_msg=f"{trainable_only=}")
+
+
+ORT_SNAPSHOT = r"""
+d = ARGS["dir"]
+state = ort_api.CheckpointState.load_checkpoint(d + "/checkpoint")
+m = ort_api.Module(d + "/training_model.onnx", state, d + "/eval_model.onnx")
+opt = ort_api.Optimizer(d + "/optimizer_model.onnx", m)
+snapshot = m.get_contiguous_parameters()
+OUT["initial"] = snapshot.numpy().copy()
+OUT["methods"] = [snapshot.shape(), snapshot.data_type(), snapshot.device_name()]
+m.train()
+m(ARRAYS["x"], ARRAYS["y"])
+opt.step()
+OUT["snapshot_after_step"] = snapshot.numpy()
+OUT["after_step"] = m.get_contiguous_parameters().numpy()
+m.copy_buffer_to_parameters(snapshot)
+OUT["rolled_back"] = m.get_contiguous_parameters().numpy()
+"""
+
+
+@pytest.mark.ort119
+@pytest.mark.native
+def test_contiguous_parameters_are_a_snapshot_with_ortvalue_methods_as_in_ort(shared, ort):
+    """ORT hands back a copy in an OrtValue: a snapshot taken before optimizer.step() keeps its values (the
+    federated-averaging and rollback pattern), answers .numpy()/.shape()/.data_type()/.device_name(), and
+    copy_buffer_to_parameters takes it back. The same script on edgetrain gives the same values."""
+    art = shared / "ort_artifacts" / "digits"
+    x, y = np.random.default_rng(3).normal(size=(16, 64)).astype(np.float32), np.arange(16) % 10
+    out = ort.run(ORT_SNAPSHOT, args={"dir": str(art)}, arrays={"x": x, "y": y})
+    state = CheckpointState.load_checkpoint(art / "checkpoint")
+    m = Module(art / "training_model.onnx", state, art / "eval_model.onnx")
+    opt = Optimizer(art / "optimizer_model.onnx", m)
+    snapshot = m.get_contiguous_parameters()
+    initial = snapshot.numpy().copy()
+    assert [snapshot.shape(), snapshot.data_type(), snapshot.device_name()] == out["methods"]
+    assert snapshot.shape == (snapshot.size,) and isinstance(snapshot.numpy(), np.ndarray)
+    m.train()
+    m(x, y)
+    opt.step()
+    np.testing.assert_array_equal(initial, out["initial"])
+    np.testing.assert_array_equal(snapshot, initial)              # still the values it was taken with
+    np.testing.assert_array_equal(out["snapshot_after_step"], out["initial"])
+    after = m.get_contiguous_parameters()
+    assert np.abs(after - initial).max() > 0
+    np.testing.assert_allclose(after, out["after_step"], rtol=1e-5, atol=1e-6)
+    m.copy_buffer_to_parameters(snapshot)
+    np.testing.assert_array_equal(m.get_contiguous_parameters(), out["rolled_back"])
+
+
+class _ForeignValue:
+    """Stands for ORT's OrtValue: something with .numpy() that is not an ndarray."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def numpy(self):
+        return self._array
+
+
+def test_zero_copy_view_is_opt_in_and_buffers_come_in_any_form(shared):
+    _, state, module = _mlp(shared)
+    view = module.get_contiguous_parameters(copy=False)
+    copy = module.get_contiguous_parameters()
+    state.parameters["fc3.bias"] = np.full(10, 0.25, np.float32)
+    assert (view[-10:] == 0.25).all() and not (copy[-10:] == 0.25).all()
+    for form in (copy, _ForeignValue(copy.numpy()), np.asarray(copy), list(copy)):
+        module.copy_buffer_to_parameters(np.zeros_like(copy))
+        module.copy_buffer_to_parameters(form)
+        np.testing.assert_array_equal(module.get_contiguous_parameters(), copy, err_msg=type(form).__name__)
+    assert type(copy + 1) is np.ndarray                            # arithmetic gives plain arrays
+
+
+def test_zero_copy_view_refuses_frozen_parameters(shared):
+    d = shared / "ort_artifacts" / "mobilenet"
+    module = Module(d / "training_model.onnx", CheckpointState.load_checkpoint(d / "checkpoint"))
+    with pytest.raises(InputError, match="trainable_only=True, or copy=True"):
+        module.get_contiguous_parameters(copy=False)
+    assert module.get_contiguous_parameters(trainable_only=True, copy=False).size == module.get_parameters_size()
 
 
 def test_train_and_eval_programs_of_every_shape_share_one_arena(shared):

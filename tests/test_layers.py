@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 # lowest first; a unit is a top-level module or subpackage of edgetrain (kernels/ and minimal_build/ included)
 LAYERS = [
     {"errors"},
-    {"config", "budget", "reading", "ir"},
+    {"config", "budget", "reading", "ir", "ortvalue"},
     {"atomic", "ops"},
     {"onnx_io", "checkpoint", "plan"},
     {"autodiff", "compact", "kernels"},
@@ -26,7 +26,7 @@ LAYERS = [
 ]
 LAYER = {unit: k for k, units in enumerate(LAYERS) for unit in units}
 # names importable from the package itself (``from edgetrain import __version__``): defined in __init__
-PACKAGE_NAMES = {"__version__", "EdgetrainError", "InferenceSession"}
+PACKAGE_NAMES = {"__version__", "EdgetrainError", "InferenceSession", "OrtValue"}
 
 
 def _units():

@@ -2,8 +2,8 @@
 
 Each kind lives in one contiguous array, tensors in the training model's parameter order, so the training
 program reads parameters and accumulates gradients through views, the optimizer updates everything in one
-pass over flat arrays, and ``get_contiguous_parameters`` is a view. Frozen parameters (batch-norm running
-statistics, frozen layers) are separate arrays.
+pass over flat arrays, and ``get_contiguous_parameters`` is one copy (or, opted into, a view). Frozen parameters
+(batch-norm running statistics, frozen layers) are separate arrays.
 
 Gradients have two arrays (slots): ``grads`` is the committed one; a training step writes the other and
 ``commit_gradients`` swaps them, so a refused step never touches the committed gradients
