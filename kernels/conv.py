@@ -3,8 +3,9 @@
 (depthwise), where per-group GEMMs would have an inner dimension of only kh * kw.
 
 ConvGrad (com.microsoft) takes the same two paths: dW = sum over images of dY[n] im2col(X)[n]^T (X's columns
-recomputed into the workspace, per-image products summed), dX = col2im(W^T dY[n]) through the same
-workspace, dB a jitted row sum; the direct path computes dW and dX tap by tap over padded planes.
+recomputed into the workspace; one GEMM over the batch or products added image by image, whichever needs
+less scratch: ``ConvGeometry.dw_in_one_gemm``), dX = col2im(W^T dY[n]) through the same workspace, dB a
+jitted row sum; the direct path computes dW and dX tap by tap over padded planes.
 
 ConvTranspose is ConvGrad's dX path with X in dY's place (``ops.conv`` derives the Conv whose adjoint it is).
 
@@ -48,15 +49,18 @@ def _pad_plane(src, xp, ph, pw):
 
 
 @jit
-def _im2col(x, cols, xp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow):
-    """cols[n, (c*kh + i)*kw + j, oy*ow + ox] = x[n, c, oy*sh - ph + i*dh, ox*sw - pw + j*dw] (0 outside)."""
+def _im2col(x, cols, xp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, rows_first):
+    """cols[n, (c*kh + i)*kw + j, oy*ow + ox] = x[n, c, oy*sh - ph + i*dh, ox*sw - pw + j*dw] (0 outside);
+    with ``rows_first`` the first two axes of cols are swapped ([C*kh*kw, N, OH*OW]: one GEMM's operand for
+    the whole batch)."""
     n_batch, c_in = x.shape[0], x.shape[1]
     for n in range(n_batch):
         for c in range(c_in):
             _pad_plane(x[n, c], xp, ph, pw)
             for i in range(kh):
                 for j in range(kw):
-                    row = cols[n, (c * kh + i) * kw + j]
+                    r = (c * kh + i) * kw + j
+                    row = cols[r, n] if rows_first else cols[n, r]
                     for oy in range(oh):
                         src = xp[oy * sh + i * dh, j * dw:]
                         dst = row[oy * ow:(oy + 1) * ow]
@@ -165,7 +169,7 @@ def conv(ctx):
             cols = x.reshape(cols_shape)
         else:
             cols = args[n_in + 1]
-            _im2col(x.reshape(x4), cols, args[n_in + 2], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow)
+            _im2col(x.reshape(x4), cols, args[n_in + 2], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False)
             cols = cols.reshape(cols_shape)
         np.matmul(args[1].reshape(w_shape), cols, out=y.reshape(y_shape))
         if has_bias:
@@ -347,28 +351,47 @@ def conv_grad(ctx):
     ckk, ohw = g.ckk, g.ohw
     cgkk = ckk // group
     need_cols = not pointwise and (want_dx or want_dw)
+    one_gemm = g.dw_in_one_gemm
     # grouped GEMMs: W[g, Mg, Cg*kk], cols[n, g, Cg*kk, ohw], dY[n, g, Mg, ohw]
-    w_g, cols_g = (group, mg, cgkk), (n, group, cgkk, ohw)
-    dy_g, part_g = (n, group, mg, ohw), (n, group, mg, cgkk)
+    w_g, cols_g, dy_g = (group, mg, cgkk), (n, group, cgkk, ohw), (n, group, mg, ohw)
+    dw_ws = 2 if need_cols else 0           # where conv_grad_workspace put dW's scratch
+
+    def weight_grad(dy, x, ws, dwg):
+        if one_gemm:    # dW[g] = dY^T[g] cols^T[g]^T over all N*OH*OW columns at once
+            dyt = ws[dw_ws].reshape(m, n, ohw)
+            np.copyto(dyt, dy.reshape(n, m, ohw).swapaxes(0, 1))
+            if pointwise:
+                colst = ws[dw_ws + 1].reshape(c, n, ohw)
+                np.copyto(colst, x.reshape(n, c, ohw).swapaxes(0, 1))
+            else:
+                colst = ws[0].reshape(ckk, n, ohw)
+                _im2col(x.reshape(x4), colst, ws[1], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, True)
+            np.matmul(dyt.reshape(group, mg, n * ohw), colst.reshape(group, cgkk, n * ohw).swapaxes(-1, -2),
+                      out=dwg)
+            return
+        if pointwise:
+            cols = x.reshape(cols_g)
+        else:
+            _im2col(x.reshape(x4), ws[0], ws[1], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False)
+            cols = ws[0].reshape(cols_g)
+        dy_gv = dy.reshape(dy_g)
+        np.matmul(dy_gv[0], cols[0].swapaxes(-1, -2), out=dwg)       # dW = sum over images of dY[i] cols[i]^T
+        if n > 1:
+            part = ws[dw_ws].reshape(w_g)
+            for i in range(1, n):
+                np.matmul(dy_gv[i], cols[i].swapaxes(-1, -2), out=part)
+                np.add(dwg, part, out=dwg)
 
     def run(*args):
         dy, x, w = args[0], args[1], args[2]
         ws = args[3 + n_out:]
-        dy_gv = dy.reshape(dy_g)
         if want_dw:
-            if pointwise:
-                cols = x.reshape(cols_g)
-            else:
-                cols = ws[0]
-                _im2col(x.reshape(x4), cols, ws[1], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow)
-                cols = cols.reshape(cols_g)
-            part = ws[2 if need_cols else 0].reshape(part_g)
-            np.matmul(dy_gv, cols.swapaxes(-1, -2), out=part)     # per image: dY[n] im2col(X)[n]^T
-            np.sum(part, axis=0, out=args[4].reshape(w_g))
+            weight_grad(dy, x, ws, args[4].reshape(w_g))
         if want_db:
             _bias_grad(dy.reshape(y3), args[5])
         if want_dx:
             wt = w.reshape(w_g).swapaxes(-1, -2)
+            dy_gv = dy.reshape(dy_g)
             if pointwise:
                 np.matmul(wt, dy_gv, out=args[3].reshape(cols_g))
             else:

@@ -165,6 +165,16 @@ class ConvGeometry:
         grouped GEMM on a 32-channel 3x3 depthwise conv; for group == 1, C_in == 1 the two are on par)."""
         return self.group > 1 and self.c // self.group == 1
 
+    @property
+    def dw_in_one_gemm(self) -> bool:
+        """ConvGrad's dW on the GEMM path: one GEMM over the whole batch, after copying dY (and X, when it is
+        its own im2col matrix) with the batch axis moved next to the pixels, when those copies are smaller
+        than one weight gradient; else image by image, adding each product into dW through a weight-sized
+        partial. Either way no workspace grows with batch x weights (late layers: few pixels, big weights;
+        early layers: the reverse)."""
+        copies = self.n * self.ohw * (self.m + (self.c if self.pointwise else 0))
+        return self.n > 1 and copies <= self.m * (self.ckk // self.group)
+
 
 def conv_geometry(ctx: NodeContext, xi: int = 0, wi: int = 1, bi: int | None = 2) -> ConvGeometry:
     """Conv's geometry from inputs X, W (and B, checked when present) at indices ``xi``, ``wi``, ``bi``."""
@@ -248,8 +258,10 @@ def _conv_grad(ctx: NodeContext):
 
 def conv_grad_workspace(ctx: NodeContext):
     """Scratch of ``kernels.conv.conv_grad``. GEMM path: the im2col matrix (X's columns for dW, then dY's
-    columns for dX) and a padded plane unless pointwise, and per-image dW products [N, M, C/group*kh*kw] to
-    sum. Direct path: padded planes of X and dX, and one dY plane on the padded width."""
+    columns for dX) and a padded plane unless pointwise; for dW (``ConvGeometry.dw_in_one_gemm``) either dY
+    with the batch axis moved in, [M, N*OH*OW] (and X so, when pointwise), or one weight-sized partial
+    product (none for one image). Direct path: padded planes of X and dX, and one dY plane on the padded
+    width."""
     g = conv_geometry(ctx, 1, 2, None)
     want_dx, want_dw, _ = conv_grad_outputs(ctx)
     dtype = ctx.type(1).dtype
@@ -261,8 +273,12 @@ def conv_grad_workspace(ctx: NodeContext):
     ws = []
     if not g.pointwise and (want_dx or want_dw):
         ws += [TensorType(dtype, (g.n, g.ckk, g.ohw)), TensorType(dtype, padded)]
-    if want_dw:
-        ws.append(TensorType(dtype, (g.n, g.m, g.ckk // g.group)))
+    if want_dw and g.dw_in_one_gemm:
+        ws.append(TensorType(dtype, (g.m, g.n * g.ohw)))
+        if g.pointwise:
+            ws.append(TensorType(dtype, (g.c, g.n * g.ohw)))
+    elif want_dw and g.n > 1:
+        ws.append(TensorType(dtype, (g.m, g.ckk // g.group)))
     return ws
 
 
