@@ -3,6 +3,9 @@
 - ``Gemm(A, B, C)`` -> ``FusedMatMul(A, B)`` then ``Add(acc, beta * C)``
 - ``Conv(X, W, B)`` -> ``Conv(X, W)`` then ``Add(acc, B viewed as [M, 1, ...])``, ConvTranspose alike
 - ``Dropout`` in inference mode (or with ratio 0) -> a view of its input, with an all-true mask
+- ``Transpose`` of the last two dims read only by GEMMs (``MatMul``, ``FusedMatMul``) -> gone, each reader a
+  ``FusedMatMul`` with its transA/transB flag flipped: BLAS reads the operand transposed in place instead of
+  a copy being made first (attention's ``Q @ K^T`` and its gradients)
 - ``Sum``/``Max``/``Min``/``Mean`` of more than ``MAX_FUSED_INPUTS`` inputs -> a chain of bounded pieces, each
   combining the previous piece with the next inputs in order (so the same operations in the same order: the
   same result), then ``Div`` by the count for ``Mean``. One node with 1500 inputs would be one generated
@@ -10,9 +13,12 @@
 """
 from __future__ import annotations
 
+from collections import defaultdict
+
 import numpy as np
 
 from ..ir import Node, TensorType
+from ..ir.dtypes import FLOATS
 from ..ops import OP_TABLE, NodeContext
 from .fusion import MAX_FUSED_INPUTS
 from .specialize import Bound, Specialized, fold
@@ -109,13 +115,64 @@ def _variadic(e: _Emitter, b: Bound) -> bool:
     return True
 
 
+GEMMS = (("", "MatMul"), ("com.microsoft", "FusedMatMul"))
+
+
+def _swaps_last_two(b: Bound) -> bool:
+    rank = len(b.ctx.type(0).shape)
+    perm = b.ctx.attr("perm")
+    perm = list(range(rank))[::-1] if perm is None else [int(p) for p in perm]
+    return rank >= 2 and perm == list(range(rank - 2)) + [rank - 1, rank - 2]
+
+
+def _reads_plainly(b: Bound, i: int) -> bool:
+    """``b`` reads its input ``i`` as a GEMM operand that a transA/transB flag can transpose."""
+    if b.op.key not in GEMMS or i > 1 or len(b.ctx.type(1 - i).shape) < 2:
+        return False
+    return b.op.key[0] == "" or not (b.ctx.attr("transBatchA") or b.ctx.attr("transBatchB"))
+
+
+def foldable_transposes(spec: Specialized) -> dict[str, str]:
+    """Float transposes of the last two dims whose every reader is a GEMM operand: output -> transposed input."""
+    readers = defaultdict(list)
+    for b in spec.nodes:
+        for i, name in enumerate(b.node.inputs):
+            if name:
+                readers[name].append((b, i))
+    folded = {}
+    for b in spec.nodes:
+        y = b.node.outputs[0]
+        if (b.op.key == ("", "Transpose") and b.ctx.type(0).dtype in FLOATS and y not in spec.output_names
+                and readers[y] and _swaps_last_two(b) and all(_reads_plainly(r, i) for r, i in readers[y])):
+            folded[y] = b.node.inputs[0]
+    return folded
+
+
+def _gemm_reading(e: _Emitter, b: Bound, folded: dict[str, str]) -> None:
+    ctx, node = b.ctx, b.node
+    fused = b.op.key == ("com.microsoft", "FusedMatMul")
+    attrs = {"transA": ctx.attr("transA"), "transB": ctx.attr("transB"), "alpha": ctx.attr("alpha")} if fused \
+        else {"transA": 0, "transB": 0, "alpha": 1.0}
+    for i, flag in enumerate(("transA", "transB")):
+        if node.inputs[i] in folded:
+            attrs[flag] = 1 - attrs[flag]
+    inputs = [folded.get(x, x) for x in node.inputs[:2]]
+    e.emit(node, "FusedMatMul", inputs, list(node.outputs), [ctx.out(0)], attrs, "com.microsoft")
+
+
 RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "ConvTranspose"): _conv, ("", "Dropout"): _dropout,
          ("", "Sum"): _variadic, ("", "Mean"): _variadic, ("", "Max"): _variadic, ("", "Min"): _variadic}
 
 
 def lower(spec: Specialized) -> Specialized:
     e = _Emitter(spec)
+    folded = foldable_transposes(spec)
     for b in spec.nodes:
+        if b.op.key == ("", "Transpose") and b.node.outputs[0] in folded:
+            continue
+        if b.op.key in GEMMS and any(x in folded for x in b.node.inputs[:2]):
+            _gemm_reading(e, b, folded)
+            continue
         rule = RULES.get(b.op.key)
         if rule is None or not rule(e, b):
             e.nodes.append(b)
