@@ -375,6 +375,9 @@ def conv_grad(ctx):
             _im2col(x.reshape(x4), ws[0], ws[1], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False)
             cols = ws[0].reshape(cols_g)
         dy_gv = dy.reshape(dy_g)
+        if n == 0:      # an empty batch: an empty sum
+            dwg[...] = 0
+            return
         np.matmul(dy_gv[0], cols[0].swapaxes(-1, -2), out=dwg)       # dW = sum over images of dY[i] cols[i]^T
         if n > 1:
             part = ws[dw_ws].reshape(w_g)
