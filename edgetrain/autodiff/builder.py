@@ -98,7 +98,7 @@ class _Walk:
 
 def _probe_types(graph: Graph, wrt=()) -> dict[str, TensorType]:
     """Concrete types of ``graph`` with its symbolic dims unified and bound to probe sizes (``symbolic``)."""
-    return solve(graph, wrt).concrete().types
+    return solve(graph, wrt).concrete.types
 
 
 def symbolic_types(graph: Graph, outputs=None) -> dict[str, TensorType]:
@@ -168,7 +168,7 @@ def _backward(graph: Graph, loss: str, wrt: list[str], strict: bool = True,
     ``probe_wrt``: the initializers planned as inputs when typing the graph (default ``wrt``)."""
     probe_wrt = wrt if probe_wrt is None else probe_wrt
     typing = solve(graph, probe_wrt)
-    types = typing.concrete().types
+    types = typing.concrete.types
     # values that depend on a parameter (forward reachability) and lead to the loss (backward reachability)
     depends = set(wrt)
     for n in graph.nodes:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -42,12 +43,8 @@ class Expr:
     terms: tuple
 
     @staticmethod
-    def of(terms: dict) -> "Expr":
+    def of(terms: dict) -> Expr:
         return Expr(tuple(sorted((tuple(sorted(s)), int(c)) for s, c in terms.items() if c)))
-
-    @staticmethod
-    def symbol(name: str) -> "Expr":
-        return Expr.of({(name,): 1})
 
     @property
     def symbols(self) -> set[str]:
@@ -123,6 +120,7 @@ class Typing:
             return base | {moved: primes[offset * len(self.free) + self.free.index(moved)]}
         return dict(zip(self.free, primes[offset * len(self.free):]))
 
+    @cached_property
     def concrete(self) -> Specialized:
         """The graph specialized at the base probe sizes (what gradient rules see)."""
         return self.probe(self.sizes())
@@ -130,16 +128,14 @@ class Typing:
     def shape_free_constants(self) -> dict[str, np.ndarray]:
         """Values known when planning whatever the free symbols are (initializers, Constant nodes and what
         folds from them): the same at two different probe sizes."""
-        first, second = self.concrete().consts, self.probe(self.sizes(2)).consts
+        first, second = self.concrete.consts, self.probe(self.sizes(2)).consts
         return {k: v for k, v in first.items()
                 if k in second and v.shape == second[k].shape and np.array_equal(v, second[k], equal_nan=True)}
 
     def types(self) -> dict[str, TensorType]:
         """Every value's type with its dims as ints, formulas (str, e.g. 'N*T') or None (unknown)."""
-        base = self.sizes()
-        moves = [(self.sizes(1, s), s) for s in self.free] + [(self.sizes(2), None)]
-        first = self.probe(base).types
-        others = [(sizes, self.probe(sizes).types) for sizes, _ in moves]
+        base, first = self.sizes(), self.concrete.types
+        others = [(sizes, self.probe(sizes).types) for sizes in [self.sizes(1, s) for s in self.free] + [self.sizes(2)]]
         types = {}
         for name, t in first.items():
             if not isinstance(t, TensorType):
@@ -216,7 +212,7 @@ def solve(graph: Graph, wrt=(), outputs=None) -> Typing:
     typing = Typing(graph, tuple(wrt), outputs, dims, symbols, {})
     while True:
         try:
-            typing.concrete()
+            _ = typing.concrete       # every shape rule runs at the base probe sizes
             return typing
         except ShapeError as e:
             binding = _unifier(typing, e)
@@ -245,7 +241,7 @@ def _unifier(typing: Typing, error: ShapeError) -> Typing | None:
         if any(b[1].symbols & {s for s, _ in bindings} for b in bindings):
             continue    # a pair binding one symbol to the other's formula and back
         try:
-            trial.concrete()
+            _ = trial.concrete
             return trial
         except ShapeError as e:
             later = getattr(e, "node_context", None)
