@@ -68,9 +68,11 @@ def cnn():
 
 
 def bcast():
-    """[N, F] broadcast against constants [1, 16] and [16], then a MatMul."""
+    """[N, F] broadcast against constants [1, 16] and [16], then a MatMul: F is 16 (1 would broadcast too,
+    but ONNX and ORT read the broadcast of a symbol against 16 as 16)."""
     rng = np.random.default_rng(2)
-    nodes = [h.make_node("Mul", ["x", "scale"], ["s"], name="scale_mul"),
+    nodes = [h.make_node("Relu", ["x"], ["r"], name="relu"),
+             h.make_node("Mul", ["r", "scale"], ["s"], name="scale_mul"),
              h.make_node("Add", ["s", "shift"], ["t"], name="shift_add"),
              h.make_node("MatMul", ["t", "w"], ["logits"], name="fc")]
     inits = [_weight("scale", (1, 16), rng, 0.1, 1.0),

@@ -268,7 +268,7 @@ def _candidates(typing: Typing, ctx) -> list[tuple[str, Expr]]:
     out = []
     for s in symbols:
         for d in targets:
-            if d % sizes[s] == 0:      # the symbol itself, or a formula holding it (N*T when binding N)
+            if d == sizes[s]:
                 continue
             out.append((s, _monomial(d, {k: v for k, v in sizes.items() if k != s})))
     return sorted(out, key=lambda b: (b[1].constant == 1, b[1].constant is None))
