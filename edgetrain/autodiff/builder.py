@@ -6,7 +6,7 @@ import numpy as np
 from ..errors import UnsupportedOpError
 from ..ir import Graph, Node, TensorType, Value
 from ..ops import OpDef, lookup
-from ..plan.specialize import specialize
+from .symbolic import solve
 
 MS = "com.microsoft"
 
@@ -14,8 +14,9 @@ MS = "com.microsoft"
 class GradContext:
     """What a gradient rule sees: its forward node with types, and a way to emit backward nodes.
 
-    Types come from planning the forward graph with each symbolic dimension bound to a distinct prime
-    (never 1), so a dimension of size 1 is really 1: that is all broadcasting reductions need. Rules that
+    Types come from planning the forward graph with its symbolic dimensions unified (``symbolic``) and each
+    free one bound to a distinct prime (never 1), so a dimension of size 1 is really 1: that is all
+    broadcasting reductions need. Rules that
     need a runtime shape use ``shape_of`` (a ``Shape`` node, folded when planning), never the probe sizes.
     """
 
@@ -95,57 +96,15 @@ class _Walk:
         self.nodes.append(node)
 
 
-PRIMES = ((7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47), (53, 59, 61, 67, 71, 73, 79, 83, 89, 97, 101, 103))
-
-
-def _probe(graph: Graph, wrt=(), outputs=None, primes=PRIMES[0]):
-    """Plan ``graph`` with each symbolic dimension bound to a distinct prime (never 1): (types, constants)."""
-    bind = iter(primes)
-    symbols: dict[str, int] = {}
-    inputs = {}
-    for v in graph.inputs:
-        if not isinstance(v.type, TensorType):
-            raise UnsupportedOpError(f"graph input '{v.name}' is not a tensor ({v.type})")
-        dims = tuple(d if isinstance(d, int) else symbols.setdefault(str(d), next(bind)) for d in v.type.shape)
-        inputs[v.name] = TensorType(v.type.dtype, dims)
-    wrt = set(wrt)
-    consts = {k: a for k, a in graph.initializers.items() if k not in wrt}
-    for name in wrt:
-        if name in graph.initializers:
-            inputs[name] = TensorType(graph.initializers[name].dtype, graph.initializers[name].shape)
-    outputs = outputs if outputs is not None else [v.name for v in graph.outputs]
-    spec = specialize(graph, inputs, outputs, consts)
-    return spec.types, spec.consts
-
-
-def _probe_types(graph: Graph, wrt=(), outputs=None, primes=PRIMES[0]) -> dict[str, TensorType]:
-    return _probe(graph, wrt, outputs, primes)[0]
-
-
-def _shape_free_constants(graph: Graph, wrt) -> dict[str, np.ndarray]:
-    """Values known when planning whatever the symbolic dims are (initializers, Constant nodes and what
-    folds from them): the same under two different prime bindings."""
-    (_, first), (_, second) = (_probe(graph, wrt, primes=p) for p in PRIMES)
-    return {k: v for k, v in first.items()
-            if k in second and v.shape == second[k].shape and np.array_equal(v, second[k], equal_nan=True)}
+def _probe_types(graph: Graph, wrt=()) -> dict[str, TensorType]:
+    """Concrete types of ``graph`` with its symbolic dims unified and bound to probe sizes (``symbolic``)."""
+    return solve(graph, wrt).concrete.types
 
 
 def symbolic_types(graph: Graph, outputs=None) -> dict[str, TensorType]:
-    """Types of every value with symbolic dims kept: planned twice with different primes per symbol; a
-    dim that moves with one symbol is that symbol, one that moves otherwise (N*64) is unknown (None)."""
-    first, second = (_probe_types(graph, outputs=outputs, primes=p) for p in PRIMES)
-    symbols = {}
-    for v in graph.inputs:
-        for d in v.type.shape:
-            if not isinstance(d, int):
-                symbols.setdefault(str(d), len(symbols))
-    by_pair = {(PRIMES[0][k], PRIMES[1][k]): name for name, k in symbols.items()}
-    types = {}
-    for name, t in first.items():
-        u = second[name]
-        dims = tuple(a if a == b else by_pair.get((a, b)) for a, b in zip(t.shape, u.shape))
-        types[name] = TensorType(t.dtype, dims)
-    return types
+    """Types of every value with symbolic dims kept: a size where the graph fixes it, a formula over the
+    input symbols ('N', 'N*T') where it follows them, None where it is unknown (``symbolic``)."""
+    return solve(graph, outputs=outputs).types()
 
 
 def prepare_for_training(graph: Graph) -> Graph:
@@ -208,7 +167,8 @@ def _backward(graph: Graph, loss: str, wrt: list[str], strict: bool = True,
     ``strict``: a node on the way without a gradient rule is an error (else its inputs get no gradient);
     ``probe_wrt``: the initializers planned as inputs when typing the graph (default ``wrt``)."""
     probe_wrt = wrt if probe_wrt is None else probe_wrt
-    types = _probe_types(graph, probe_wrt)
+    typing = solve(graph, probe_wrt)
+    types = typing.concrete.types
     # values that depend on a parameter (forward reachability) and lead to the loss (backward reachability)
     depends = set(wrt)
     for n in graph.nodes:
@@ -216,7 +176,7 @@ def _backward(graph: Graph, loss: str, wrt: list[str], strict: bool = True,
             depends.update(o for o in n.outputs if o)
     if loss not in depends:
         raise UnsupportedOpError(f"loss '{loss}' does not depend on any of the parameters {sorted(wrt)}")
-    walk = _Walk(graph, _shape_free_constants(graph, probe_wrt))
+    walk = _Walk(graph, typing.shape_free_constants())
     seed = f"{loss}_grad"
     loss_type = types[loss]
     if loss_type.size == 1:     # a scalar (or [1]) loss: a constant seed, as onnxruntime writes it

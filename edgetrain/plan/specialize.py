@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import budget
-from ..errors import EdgetrainError, UnsupportedOpError
+from ..errors import EdgetrainError, ShapeError, UnsupportedOpError
 from ..ir import Graph, TensorType
 from ..ir.dtypes import ORT_TYPE_NAME
 from ..ops import NodeContext, OpDef, lookup
@@ -64,7 +64,11 @@ def specialize(graph: Graph, input_types: dict[str, TensorType], output_names: l
         in_types = [types[i] if i else None for i in node.inputs]
         ctx = NodeContext(node, op, opset, in_types, [known.get(i) if i else None for i in node.inputs])
         _check_dtype(op, ctx)
-        out_types = list(op.infer(ctx))
+        try:
+            out_types = list(op.infer(ctx))
+        except ShapeError as e:
+            e.node_context = ctx    # which node, with which input types: symbolic typing unifies from there
+            raise
         out_types += [None] * (len(node.outputs) - len(out_types))
         ctx.out_types = out_types
         nbytes = 0
