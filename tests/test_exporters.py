@@ -33,8 +33,7 @@ def _numpy_loss(out, w):
 
 
 @pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="issue 12 item 1"))
-                                  if n == "small_gpt" else n for n in BUILDERS])
+@pytest.mark.parametrize("name", list(BUILDERS))
 def test_exported_model_trains_and_exports_for_onnxruntime(name, exporter, tmp_path):
     torch = pytest.importorskip("torch")
     if exporter == "dynamo":
