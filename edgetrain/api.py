@@ -244,7 +244,8 @@ class Module:
         if eval_model_uri is not None:
             self._eval = _classify(_load(eval_model_uri), known)
         self._reset = np.ones(1, np.bool_)     # the first step overwrites whatever the buffers held
-        self._stats = _running_stats(self._train.graph)
+        # statistics the model keeps as constants (neither trainable nor frozen) are not updated, as in ORT
+        self._stats = [(out, p) for out, p in _running_stats(self._train.graph) if p in store.frozen]
         self._programs: dict = {}            # (id(model io), input shapes) -> Program
         self._steps: dict = {}               # the same keys, training model -> TrainingStep
         self._arena = None                   # shared by every program of the module: they never run at once

@@ -488,3 +488,32 @@ def test_gradients_go_straight_into_the_state(shared, tmp_path, name):
     for p in module._store.names:
         np.testing.assert_allclose(module._store.grad(p), 2 * literal[f"{p}_grad.accumulation.buffer"],
                                    rtol=1e-5, atol=1e-6, err_msg=p)
+
+
+def test_batchnorm_statistics_kept_as_constants_train_and_stay(shared, tmp_path):
+    """requires_grad names only weights and frozen_params nothing: the running statistics stay constants of
+    the training model (as ORT leaves them), so training runs on batch statistics and never updates them."""
+    import onnx
+    proto = onnx.load(str(shared / "models" / "mobilenet.onnx"))
+    stats = {n.input[i] for n in proto.graph.node if n.op_type == "BatchNormalization" for i in (3, 4)}
+    weights = [i.name for i in proto.graph.initializer if i.data_type == onnx.TensorProto.FLOAT
+               and i.name not in stats and len(i.dims) > 0]
+    artifacts.generate_artifacts(proto, requires_grad=weights, loss=artifacts.LossType.CrossEntropyLoss,
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path)
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    assert not stats & {n for n, _ in state.parameters}
+    module = Module(tmp_path / "training_model.onnx", state, tmp_path / "eval_model.onnx")
+    optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((16, 3, 32, 32)).astype(np.float32), np.arange(16) % 10
+    losses = []
+    for _ in range(3):
+        losses.append(float(module(x, y)))
+        optimizer.step()
+        module.lazy_reset_grad()
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
+    written = {i.name: onnx.numpy_helper.to_array(i) for i in
+               onnx.load(str(tmp_path / "training_model.onnx")).graph.initializer}
+    original = {i.name: onnx.numpy_helper.to_array(i) for i in proto.graph.initializer}
+    for s in stats:
+        np.testing.assert_array_equal(written[s], original[s], err_msg=s)
