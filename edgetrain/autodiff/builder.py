@@ -6,6 +6,7 @@ import numpy as np
 from ..errors import UnsupportedOpError
 from ..ir import Graph, Node, TensorType, Value
 from ..ops import OpDef, lookup
+from .fusions import fuse_patterns
 from .symbolic import solve
 
 MS = "com.microsoft"
@@ -108,9 +109,10 @@ def symbolic_types(graph: Graph, outputs=None) -> dict[str, TensorType]:
 
 
 def prepare_for_training(graph: Graph) -> Graph:
-    """A copy whose nodes take their training form (``OpDef.train_form``) and have every optional output
-    their gradient rule reads (``OpDef.grad_outputs``): SoftmaxCrossEntropyLoss's log_prob, MaxPool's
-    indices, LayerNormalization's mean and inv_std_dev, ..."""
+    """A copy, after the pattern rewrites of ``fusions``, whose nodes take their training form
+    (``OpDef.train_form``) and have every optional output their gradient rule reads (``OpDef.grad_outputs``):
+    SoftmaxCrossEntropyLoss's log_prob, MaxPool's indices, LayerNormalization's mean and inv_std_dev, ..."""
+    graph = fuse_patterns(graph)
     nodes = []
     for node in graph.nodes:
         op = lookup(node, graph.opset(node.domain))
