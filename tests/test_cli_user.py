@@ -20,6 +20,12 @@ from edgetrain.data import digits_split
 pytestmark = pytest.mark.native
 
 
+def cold_cache(tmp_path) -> dict:
+    """Environment of a child whose kernel caches are empty. NUMBA_CACHE_DIR too: importing edgetrain's kernels
+    in this process exported the (warm) default one into os.environ, which children inherit."""
+    return {"EDGETRAIN_CACHE_DIR": str(tmp_path / "cold-cache"), "NUMBA_CACHE_DIR": str(tmp_path / "cold-numba")}
+
+
 def cli(*args, env=None, timeout=300, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "edgetrain", *map(str, args)], capture_output=True, text=True,
                           env=dict(os.environ, **(env or {})), timeout=timeout, cwd=cwd)
@@ -115,7 +121,7 @@ def test_batchnorm_model_trains_with_the_defaults(tmp_path):
 # 3. Ctrl-C during the first (cold) run ----------------------------------------------------------------------
 
 def test_ctrl_c_during_a_cold_run_stops_cleanly_and_resumes(digits, tmp_path):
-    env = {"EDGETRAIN_CACHE_DIR": str(tmp_path / "cold-cache")}    # nothing compiled yet: the first step compiles
+    env = cold_cache(tmp_path)            # nothing compiled yet: the first step compiles
     out = tmp_path / "run"
     args = [sys.executable, "-m", "edgetrain", "train", str(digits / "art"), "--data", str(digits / "train.npz"),
             "-o", str(out), "--epochs", "3", "--no-progress"]
@@ -160,7 +166,7 @@ def test_eval_defaults_to_the_trained_checkpoint_and_reports_accuracy(digits, sh
 # 5. compile progress stays out of throughput -----------------------------------------------------------------
 
 def test_first_run_reports_compiling_and_throughput_leaves_it_out(digits, tmp_path):
-    env = {"EDGETRAIN_CACHE_DIR": str(tmp_path / "cold-cache")}
+    env = cold_cache(tmp_path)
     r = ok(cli("train", digits / "art", "--data", digits / "train.npz", "-o", tmp_path / "run", "--epochs", "2",
                "--no-progress", env=env))
     first = next(line for line in r.stdout.splitlines() if line.startswith("epoch 1/2"))
