@@ -175,8 +175,8 @@ def profile(handles, step, steps: int) -> dict:
         return call
 
     # a training step and the optimizer have one program per gradient slot (edgetrain/runtime/step.py)
-    programs = [("train", p) for s in module._steps.values() for p in s.programs]
-    programs += [("optimizer", p) for p in optimizer._programs]
+    programs = [(kind, p) for kind, p in module.programs() if kind == "train"]
+    programs += [("optimizer", p) for p in optimizer.programs()]
     for tag, prog in programs:
         labels = [s.label for s in prog.plan.steps if s.kind != "alias"]
         prog.calls = [(timed(fn, f"{tag} {label}"), args) for (fn, args), label in zip(prog.calls, labels)]

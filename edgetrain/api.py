@@ -378,6 +378,28 @@ class Module:
         edgetrain extension: the command line shows compile progress against it."""
         return sum(prog.plan.n_kernels for prog in self._programs.values())
 
+    # -- introspection: edgetrain extensions, what the profiler, command line and minimal build read ----------
+    def graph(self) -> Graph:
+        """The IR graph of the model the current mode runs (training or eval model); its inputs carry types."""
+        return self._io().graph
+
+    def program(self, *user_inputs) -> Program:
+        """The program the current mode runs for inputs of these shapes and types (planned now if new); a
+        training step runs it through the module (``module(...)``), which commits what it computes."""
+        io = self._io()
+        return self._planned(io, dict(zip(io.user_inputs, _plain_arrays(io, user_inputs))))[0]
+
+    def programs(self) -> list[tuple[str, Program]]:
+        """Every program planned so far, tagged "train" or "eval"; a training step has two, one per gradient
+        slot of the state (``runtime/step.py``), and runs the other one each step."""
+        found = [("train", p) for step in self._steps.values() for p in step.programs]
+        return found + [("eval", p) for key, p in self._programs.items() if key not in self._steps]
+
+    @property
+    def state_store(self) -> StateStore:
+        """Parameters, gradients (two slots), optimizer moments and frozen arrays, each one flat array."""
+        return self._store
+
     def fixed_batch_size(self) -> int | None:
         """The batch size the current model's inputs fix (an integer first dimension), or None when the batch
         dimension is symbolic. An edgetrain extension: a model exported with a fixed batch cannot run a last,
@@ -513,9 +535,13 @@ class Optimizer:
         module._state._optimizer = self
 
     @property
-    def _program(self) -> Program:
-        """The program reading the committed gradients."""
+    def program(self) -> Program:
+        """The program the next ``step()`` runs: the one reading the committed gradients."""
         return self._programs[self._store.slot]
+
+    def programs(self) -> tuple[Program, Program]:
+        """Both programs, one per gradient slot of the state (an edgetrain extension, for profiling)."""
+        return self._programs
 
     def _restore(self, ckpt: ckpt_io.Checkpoint, moments: int) -> None:
         if not ckpt.optimizer_groups:
@@ -537,7 +563,7 @@ class Optimizer:
             raise EdgetrainError("Optimizer.step() before any gradient: run a training step (module(inputs...)) "
                                  "first")
         self._step[0] = self._store.step + 1
-        self._program.run([])
+        self.program.run([])
         self._store.step += 1
 
     def set_learning_rate(self, learning_rate: float) -> None:

@@ -148,14 +148,17 @@ def _from_data(v, array: np.ndarray, batch_size: int | None, where: str) -> np.n
     return np.ascontiguousarray(array.astype(want, copy=False))
 
 
-def _feeds(module, io, batch_size, rng, data, known: dict[str, np.ndarray], where: str):
-    """Inputs for one model (arrays already made for another model are reused by name) and its program.
+def _feeds(module, training: bool, batch_size, rng, data, known: dict[str, np.ndarray], where: str):
+    """Inputs for the training or eval model (arrays already made for the other are reused by name) and its
+    program.
 
     Integer inputs start as zeros (valid for any index) so the model can be planned; the plan's static types
     then give each one's valid range."""
+    module.train(training)
+    names, graph = module.input_names(), module.graph()
     feeds, synthetic_ints = {}, []
-    for name in io.user_inputs:
-        v = next(x for x in io.graph.inputs if x.name == name)
+    for name in names:
+        v = next(x for x in graph.inputs if x.name == name)
         if name in known:
             feeds[name] = known[name]
         elif name in data:
@@ -165,13 +168,14 @@ def _feeds(module, io, batch_size, rng, data, known: dict[str, np.ndarray], wher
             synthetic_ints.append(name)
         else:
             feeds[name] = rng.standard_normal(_shape(v, batch_size, where)).astype(v.type.dtype)
-    prog = module._program(io, feeds)
+    prog = module.program(*(feeds[n] for n in names))
+    module.train()
     for name in synthetic_ints:
-        bound = index_bound(io.graph, prog.plan.spec.types, name)
+        bound = index_bound(graph, prog.plan.spec.types, name)
         if bound and feeds[name].dtype.kind in "iu":
             feeds[name] = rng.integers(0, bound, feeds[name].shape).astype(feeds[name].dtype)
     known.update(feeds)
-    return [feeds[n] for n in io.user_inputs], prog
+    return [feeds[n] for n in names], prog
 
 
 def _batch_of(inputs: list[np.ndarray]) -> int:
@@ -312,30 +316,32 @@ def profile_artifacts(folder, batch_size: int | None = None, steps: int = 20, da
                     max_memory=max_memory)
     with _naming(opt_path):
         optimizer = Optimizer(opt_path, module) if opt_path.is_file() else None
-    store = module._store
-    inputs_known = set(module._train.user_inputs) | set(module._eval.user_inputs if module._eval else ())
+    store = module.state_store
+    has_eval = eval_path.is_file()
+    inputs_known = set(module.input_names()) | set(module.eval().input_names() if has_eval else ())
+    module.train()
     unexpected = sorted(set(data) - inputs_known)
     if unexpected:
         raise InputError(f"data arrays {unexpected} are not inputs of the models (inputs: {sorted(inputs_known)})")
     known: dict[str, np.ndarray] = {}
     with _naming(folder / "training_model.onnx"):
-        train_inputs, train_prog = _feeds(module, module._train, batch_size, rng, data, known, "training model")
+        train_inputs, train_prog = _feeds(module, True, batch_size, rng, data, known, "training model")
     batch = _batch_of(train_inputs)
     if batch_size is not None and batch != batch_size:
         raise InputError(f"the training model fixes the batch at {batch} (inputs: "
-                         + ", ".join(f"'{v.name}' {v.type}" for v in module._train.graph.inputs
-                                     if v.name in module._train.user_inputs)
+                         + ", ".join(f"'{v.name}' {v.type}" for v in module.graph().inputs
+                                     if v.name in module.input_names())
                          + f"), not {batch_size}: profile at --batch-size {batch}, or make the artifacts from a "
                          "model with a symbolic batch dimension")
     programs = {"train": (train_prog, train_inputs)}
-    if module._eval is not None:
+    if has_eval:
         with _naming(eval_path):
-            eval_inputs, eval_prog = _feeds(module, module._eval, batch, rng, data, known, "eval model")
+            eval_inputs, eval_prog = _feeds(module, False, batch, rng, data, known, "eval model")
         programs["eval"] = (eval_prog, eval_inputs)
     moments = []
     if optimizer is not None:
-        programs["optimizer"] = (optimizer._program, [])
-        moments = [n for n in MOMENT_INPUTS if n in optimizer._program.plan.external]
+        programs["optimizer"] = (optimizer.program, [])
+        moments = [n for n in MOMENT_INPUTS if n in optimizer.program.plan.external]
     model_names = {"train": "training_model.onnx", "eval": "eval_model.onnx", "optimizer": "optimizer_model.onnx"}
     reports = {k: _step_report(k, model_names[k], p, store, moments) for k, (p, _) in programs.items()}
     whole_state = _store_state(store)
@@ -440,8 +446,9 @@ def profile_artifacts(folder, batch_size: int | None = None, steps: int = 20, da
     inputs = {}
     for kind in ("train", "eval"):
         if kind in programs:
-            io = module._train if kind == "train" else module._eval
-            inputs |= {n: f"{_type_name(a)}" for n, a in zip(io.user_inputs, programs[kind][1])}
+            names = module.train(kind == "train").input_names()
+            inputs |= {n: f"{_type_name(a)}" for n, a in zip(names, programs[kind][1])}
+    module.train()
     return Profile(str(folder), batch, steps, inputs, whole_state, planned, rss_baseline, uss_baseline,
                    anon_baseline, _lifetime_peak_rss(), [reports[k] for k in order], max_memory)
 

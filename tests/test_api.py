@@ -458,7 +458,7 @@ def test_gradients_go_straight_into_the_state(shared, tmp_path, name):
         artifacts.generate_artifacts(str(shared / "models" / "mlp.onnx"), requires_grad=list(ckpt.trainable),
                                      loss=artifacts.LossType.CrossEntropyLoss, artifact_directory=art)
     module = Module(art / "training_model.onnx", CheckpointState.load_checkpoint(art / "checkpoint"))
-    graph, rng = module._train.graph, np.random.default_rng(1)
+    graph, rng = module.graph(), np.random.default_rng(1)
     feeds = {}
     for v in graph.inputs[:2]:
         shape = tuple(d if isinstance(d, int) else 8 for d in v.type.shape)
