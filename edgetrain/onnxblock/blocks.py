@@ -152,7 +152,8 @@ class InputLike(Block):
     def build(self, input_name: str | None = None) -> str:
         name = input_name or generate_name("input")
         g = self.base.graph
-        declared = next((v for v in list(g.input) + list(g.output) if v.name == self._like), None)
+        declared = next((v for v in list(g.input) + list(g.output) if v.name == self._like
+                         and v.type.WhichOneof("value")), None)
         if declared is None:
             t = type_of(self.base, self._like)
             return add_input(self.base, name, TensorType(t.dtype, t.shape))
