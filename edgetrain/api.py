@@ -377,7 +377,8 @@ class Module:
             step = "TrainStep" if self.training else "EvalStep"
             raise NominalStateError(f"Cannot perform {step} with a nominal state. Please load the model parameters "
                                     "first (copy_buffer_to_parameters(buffer, trainable_only=False))")
-        ort_values = bool(user_inputs) and not any(isinstance(x, np.ndarray) for x in user_inputs)
+        ort_values = bool(user_inputs) and not any(isinstance(x, np.ndarray) and not isinstance(x, OrtValue)
+                                                   for x in user_inputs)
         if len(user_inputs) != len(io.user_inputs):
             raise InputError(f"the {'training' if self.training else 'eval'} model takes {len(io.user_inputs)} "
                              f"input(s) {io.user_inputs}, got {len(user_inputs)}")

@@ -22,13 +22,12 @@ RESET = "lazy_reset_grad"
 
 def _params(graph: Graph, requires_grad: list[str], frozen: list[str]) -> list[str]:
     """Trainable and frozen parameters in the order of the graph's initializers (ORT's order). Graph inputs
-    that require a gradient are not parameters. With nothing named at all, every initializer is one, as ORT
-    1.19 moves every initializer to the graph inputs then (none of them in the checkpoint)."""
+    that require a gradient are not parameters. With nothing named at all, ORT 1.19 moves every initializer
+    to the graph inputs (outside the checkpoint, so the caller must feed them); edgetrain keeps them constants,
+    which ops that need a constant (a Dropout ratio, a Reshape's shape) require."""
     overlap = set(requires_grad) & set(frozen)
     if overlap:
         raise EdgetrainError(f"parameters {sorted(overlap)} are listed as both requiring grad and frozen")
-    if not requires_grad and not frozen:
-        return list(graph.initializers)
     inputs = {v.name for v in graph.inputs}
     missing = [p for p in list(requires_grad) + list(frozen) if p not in graph.initializers and p not in inputs]
     if missing:

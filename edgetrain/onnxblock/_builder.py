@@ -23,6 +23,10 @@ def generate_name(token: str) -> str:
     return f"onnx::{token}::{next(_COUNTER)}"
 
 
+# the version a domain is imported at when a block adds its first node (ai.onnx.ml 2: LabelEncoder's int64 maps)
+DOMAIN_VERSIONS = {"ai.onnx.ml": 2}
+
+
 class ModelAccessor:
     """What ``base()`` / ``empty_base()`` yield: ``model`` (the ModelProto the blocks edit), ``path`` (the base
     model's path, when given) and ``has_path``."""
@@ -92,7 +96,7 @@ def add_node(model, op_type: str, inputs: list[str], token: str, attrs: dict | N
     model.graph.node.append(node_proto(op_type, list(inputs), list(outputs), generate_name(op_type), domain,
                                        attrs))
     if domain and all(o.domain != domain for o in model.opset_import):
-        model.opset_import.append(opset_id(domain, 1))
+        model.opset_import.append(opset_id(domain, DOMAIN_VERSIONS.get(domain, 1)))
     return outputs[0] if n_out == 1 else outputs
 
 

@@ -113,8 +113,8 @@ class TrainingBlock(Block):
     ``requires_grad(name)`` marks an initializer as trainable (``False``: frozen, kept as a parameter without
     gradient), or a graph input whose gradient the training model then accumulates too, as ORT does
     (``<input>_grad.accumulation.buffer`` in, ``<input>_grad.accumulation.out`` out). Initializers in neither
-    set stay constants inside the graphs; with no parameter named at all, every initializer becomes a graph
-    input (ORT 1.19 does that) and the models have no gradient.
+    set stay constants inside the graphs; with no parameter named at all the models have no gradient (ORT 1.19
+    then also makes every initializer a graph input the caller must feed; edgetrain keeps them constants).
     After the call, the accessor's model is the training model, as in ORT.
     """
 
