@@ -23,6 +23,7 @@ from .runtime.step import TrainingStep, check_loss, check_writes
 from .session import bind_feeds
 
 BUFFER = "_grad.accumulation.buffer"
+NOMINAL_ASSIGN = "Cannot copy parameter to a nominal state. Please load all the parameter states first."
 RESET = "lazy_reset_grad"
 
 
@@ -44,7 +45,7 @@ class Parameter:
 
     @data.setter
     def data(self, value) -> None:
-        self._state._check_loaded(f"assigning parameter '{self.name}'", "Cannot copy parameter to a nominal state")
+        self._state._check_loaded(f"assigning parameter '{self.name}'", NOMINAL_ASSIGN)
         target = self._array()
         value = np.asarray(value)
         if value.shape != target.shape or value.dtype != target.dtype:
@@ -81,7 +82,7 @@ class Parameters:
         return Parameter(self._state, name, name in self._state._checkpoint.trainable)
 
     def __setitem__(self, name: str, value) -> None:
-        self._state._check_loaded(f"assigning parameter '{name}'", "Cannot copy parameter to a nominal state")
+        self._state._check_loaded(f"assigning parameter '{name}'", NOMINAL_ASSIGN)
         self[name].data = value
 
     def __contains__(self, name) -> bool:
@@ -128,12 +129,12 @@ class CheckpointState:
         # a nominal checkpoint holds no values until copy_buffer_to_parameters(..., trainable_only=False)
         self._nominal = checkpoint.is_nominal
 
-    def _check_loaded(self, what: str, problem: str = "Cannot get parameter from a nominal state") -> None:
+    def _check_loaded(self, what: str, problem: str = "Cannot get parameter from a nominal state. Please load "
+                                                      "the parameter states first.") -> None:
         """ORT's refusals on a nominal state, at the same points and with its wording first."""
         if self._nominal:
-            raise NominalStateError(f"{problem}. Please load the parameter states first ({what}: the checkpoint "
-                                    "is nominal; create the Module and call copy_buffer_to_parameters(buffer, "
-                                    "trainable_only=False))")
+            raise NominalStateError(f"{problem} ({what}: the checkpoint is nominal; create the Module and call "
+                                    "copy_buffer_to_parameters(buffer, trainable_only=False))")
 
     @classmethod
     def load_checkpoint(cls, checkpoint_uri: str | os.PathLike) -> CheckpointState:
@@ -376,7 +377,7 @@ class Module:
         if self._state._nominal:
             step = "TrainStep" if self.training else "EvalStep"
             raise NominalStateError(f"Cannot perform {step} with a nominal state. Please load the model parameters "
-                                    "first (copy_buffer_to_parameters(buffer, trainable_only=False))")
+                                    "first. (copy_buffer_to_parameters(buffer, trainable_only=False))")
         ort_values = bool(user_inputs) and not any(isinstance(x, np.ndarray) and not isinstance(x, OrtValue)
                                                    for x in user_inputs)
         if len(user_inputs) != len(io.user_inputs):
@@ -449,7 +450,7 @@ class Module:
         them."""
         if self._state._nominal:
             raise NominalStateError("Cannot copy parameters from a nominal checkpoint state. Please load the model "
-                                    "parameters first (copy_buffer_to_parameters(buffer, trainable_only=False))")
+                                    "parameters first. (copy_buffer_to_parameters(buffer, trainable_only=False))")
         if not copy:
             if self._store.frozen and not trainable_only:
                 raise InputError("a zero-copy view holds only the trainable parameters (the frozen ones, "
@@ -571,7 +572,7 @@ class Optimizer:
         """One update from the accumulated gradients."""
         if self._module._state._nominal:
             raise NominalStateError("The optimizer state cannot be constructed. Please load the model parameters "
-                                    "first (copy_buffer_to_parameters(buffer, trainable_only=False))")
+                                    "first. (copy_buffer_to_parameters(buffer, trainable_only=False))")
         if not self._store.has_gradients:
             raise EdgetrainError("Optimizer.step() before any gradient: run a training step (module(inputs...)) "
                                  "first")
