@@ -210,11 +210,13 @@ def empty_model(opset_version: int | None) -> onnx.ModelProto:
     """An empty model as ORT's ``onnxblock.empty_base`` makes it: graph 'graph', opsets com.microsoft 1 and
     ai.onnx ``opset_version`` (default: the newest onnx defines that edgetrain reads)."""
     model = onnx.ModelProto()
-    model.ir_version = onnx.IR_VERSION
     model.producer_name = "orttraining"
     model.graph.name = "graph"
     newest = min(onnx.defs.onnx_opset_version(), SUPPORTED_ONNX_OPSETS.stop - 1)
     model.opset_import.extend([opset_id("com.microsoft", 1), opset_id("", opset_version or newest)])
+    # the lowest IR version for the opset (ORT writes onnx.IR_VERSION, which its pinned onnx keeps at what
+    # ORT 1.19 reads; the installed onnx's may be newer than any ORT 1.19 accepts)
+    model.ir_version = onnx.helper.find_min_ir_version_for([opset_id("", opset_version or newest)])
     return model
 
 
