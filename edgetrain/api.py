@@ -194,17 +194,13 @@ def _classify(graph: Graph, params: set[str]) -> _ModelIO:
 
 
 def _plain_arrays(io: _ModelIO, user_inputs) -> tuple[np.ndarray, ...]:
-    """``user_inputs`` as exact ``np.ndarray`` views (no copy) of array subclasses; ORT ``OrtValue``s (anything
-    with ``.numpy()``) through their arrays; other array-likes (lists) converted, as ORT's bindings do."""
+    """``user_inputs`` as exact ``np.ndarray`` views (no copy) of array subclasses, and ORT ``OrtValue``s
+    (anything with ``.numpy()``) through their arrays; anything else (lists, scalars) is refused."""
     arrays = []
     for name, x in zip(io.user_inputs, user_inputs):
-        try:
-            arrays.append(as_array(x))
-        except (TypeError, ValueError) as e:
-            raise InputError(f"input '{name}' must be a numpy array or an OrtValue, got {type(x).__name__}: "
-                             f"{e}") from None
-        if arrays[-1].dtype == object:
+        if not isinstance(x, np.ndarray) and not callable(getattr(x, "numpy", None)):
             raise InputError(f"input '{name}' must be a numpy array or an OrtValue, got {type(x).__name__}")
+        arrays.append(as_array(x))
     return tuple(arrays)
 
 
