@@ -282,15 +282,21 @@ def test_torch_layer_inside_a_torch_model(family):
         _close(w.grad.numpy(), ref[name].grad.numpy(), name, tol=1e-3)
 
 
-def _train(model: torch.nn.Module, data, steps: int) -> list[float]:
-    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+def _train(model: torch.nn.Module, data, steps: int, lr=0.02, momentum=0.9) -> list[float]:
+    """SGD with momentum as torch.optim.SGD writes it (torch.optim itself costs seconds to import)."""
+    params = list(model.parameters())
+    buffers = [torch.zeros_like(p) for p in params]
     losses = []
     for k in range(steps):
         x, y = data[k % len(data)]
-        opt.zero_grad()
+        for p in params:
+            p.grad = None
         loss = F.cross_entropy(model(x), y)
         loss.backward()
-        opt.step()
+        with torch.no_grad():
+            for p, b in zip(params, buffers):
+                b.mul_(momentum).add_(p.grad)
+                p.sub_(lr * b)
         losses.append(loss.item())
     return losses
 
