@@ -16,30 +16,36 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
+import argparse
+import itertools
+import statistics
+import time
+import warnings
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from sklearn.exceptions import ConvergenceWarning  # noqa: E402
-from sklearn.linear_model import SGDRegressor  # noqa: E402
-from sklearn.neural_network import MLPClassifier, MLPRegressor  # noqa: E402
+import numpy as np
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import SGDRegressor
+from sklearn.neural_network import MLPClassifier, MLPRegressor
 
-from edgetrain.data import digits_split  # noqa: E402
-from edgetrain.estimators import (ForwardBackwardEstimator, GradientEstimator, LearningRateSGD,  # noqa: E402
-                                  LearningRateSGDNesterov, NegLogLearningLoss)
-from edgetrain.forward_backward import ForwardBackward  # noqa: E402
-from edgetrain.torch import ONNXLayer  # noqa: E402
+from edgetrain.data import digits_split
+from edgetrain.estimators import (
+    ForwardBackwardEstimator,
+    GradientEstimator,
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+    NegLogLearningLoss,
+)
+from edgetrain.forward_backward import ForwardBackward
+from edgetrain.torch import ONNXLayer
 
 
 def mlp_model(sizes: list[int], seed: int = 0):
     """Gemm/Relu layers with Glorot-uniform weights (scikit-learn's MLP initialization), dynamic batch."""
     rng = np.random.default_rng(seed)
     nodes, inits, x = [], {}, "X"
-    for k, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for k, (a, b) in enumerate(itertools.pairwise(sizes)):
         bound = np.sqrt(6 / (a + b))
         inits[f"W{k}"] = rng.uniform(-bound, bound, (a, b)).astype(np.float32)
         inits[f"b{k}"] = rng.uniform(-bound, bound, b).astype(np.float32)
@@ -49,7 +55,8 @@ def mlp_model(sizes: list[int], seed: int = 0):
             nodes.append(helper.make_node("Relu", [x], [f"r{k}"]))
             x = f"r{k}"
     nodes[-1].output[0] = "y"
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", sizes[0]])],
+    graph = helper.make_graph(nodes, "mlp",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", sizes[0]])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", sizes[-1]])],
                               [numpy_helper.from_array(v, k) for k, v in inits.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), inits
@@ -78,43 +85,40 @@ def timed_fit(make, train, test):
 
 
 def estimators(epochs: int) -> list[str]:
+    ours = {"epochs": epochs, "batch_size": 32, "random_state": 0}
+    sk_mlp = {"solver": "sgd", "momentum": 0.9, "nesterovs_momentum": True, "batch_size": 32, "max_iter": epochs,
+              "alpha": 0.0, "tol": 0.0, "n_iter_no_change": epochs + 1, "random_state": 0}
     rows = []
     lin = regression_data(5000, 20, False)
-    rows.append(("linear regression, 4000x20", "scikit-learn SGDRegressor (per sample, invscaling 0.01)",
-                 timed_fit(lambda: SGDRegressor(max_iter=epochs, tol=None, penalty=None, eta0=0.01,
-                                                random_state=0), *lin)))
-    model, _ = mlp_model([20, 1])
-    rows.append(("", "edgetrain ForwardBackwardEstimator (batch 32, SGD 0.05)",
-                 timed_fit(lambda: ForwardBackwardEstimator(model, learning_rate=LearningRateSGD(0.05, "constant"),
-                                                            epochs=epochs, batch_size=32, random_state=0), *lin)))
-    rows.append(("", "edgetrain GradientEstimator (loss in graph, batch 32, SGD 0.05)",
-                 timed_fit(lambda: GradientEstimator(model, learning_rate=0.05, epochs=epochs, batch_size=32,
-                                                     random_state=0), *lin)))
+    linear, _ = mlp_model([20, 1])
+    rows += [
+        ("linear regression, 4000x20", "scikit-learn SGDRegressor (per sample, invscaling 0.01)",
+         timed_fit(lambda: SGDRegressor(max_iter=epochs, tol=None, penalty=None, eta0=0.01, random_state=0),
+                   *lin)),
+        ("", "edgetrain ForwardBackwardEstimator (batch 32, SGD 0.05)",
+         timed_fit(lambda: ForwardBackwardEstimator(linear, learning_rate=LearningRateSGD(0.05, "constant"),
+                                                    **ours), *lin)),
+        ("", "edgetrain GradientEstimator (loss in graph, batch 32, SGD 0.05)",
+         timed_fit(lambda: GradientEstimator(linear, learning_rate=0.05, **ours), *lin))]
     nonlin = regression_data(5000, 20, True)
-    rows.append(("MLP regression 20-64-1, 4000x20", "scikit-learn MLPRegressor (sgd, Nesterov 0.9, lr 0.01)",
-                 timed_fit(lambda: MLPRegressor(hidden_layer_sizes=(64,), solver="sgd", learning_rate_init=0.01, momentum=0.9,
-                                                nesterovs_momentum=True, batch_size=32, max_iter=epochs, alpha=0.0,
-                                                tol=0.0, n_iter_no_change=epochs + 1, random_state=0), *nonlin)))
-    model, _ = mlp_model([20, 64, 1])
-    # scikit-learn's squared loss is mean((p - y)^2) / 2: SquareLearningLoss, the same
-    rows.append(("", "edgetrain ForwardBackwardEstimator (Nesterov 0.9, lr 0.01)",
-                 timed_fit(lambda: ForwardBackwardEstimator(model, learning_rate=LearningRateSGDNesterov(0.01),
-                                                            epochs=epochs, batch_size=32, random_state=0),
-                           *nonlin)))
-    (xtr, ytr), (xte, yte) = digits_split()
-    digits = ((xtr, ytr), (xte, yte))
-    rows.append(("MLP classifier 64-32-10, digits 1437/360", "scikit-learn MLPClassifier (sgd, Nesterov 0.9, lr 0.1)",
-                 timed_fit(lambda: MLPClassifier(hidden_layer_sizes=(32,), solver="sgd", learning_rate_init=0.1, momentum=0.9,
-                                                 batch_size=32, max_iter=epochs, alpha=0.0, tol=0.0,
-                                                 n_iter_no_change=epochs + 1, random_state=0), *digits)))
-    model, _ = mlp_model([64, 32, 10])
-    rows.append(("", "edgetrain ForwardBackwardEstimator (NegLog, Nesterov 0.9, lr 0.1)",
-                 timed_fit(lambda: ForwardBackwardEstimator(model, loss=NegLogLearningLoss(),
-                                                            learning_rate=LearningRateSGDNesterov(0.1),
-                                                            epochs=epochs, batch_size=32, random_state=0), *digits)))
-    rows.append(("", "edgetrain GradientEstimator (cross-entropy in graph, SGD 0.1)",
-                 timed_fit(lambda: GradientEstimator(model, loss="log", learning_rate=0.1, epochs=epochs,
-                                                     batch_size=32, random_state=0), *digits)))
+    mlp, _ = mlp_model([20, 64, 1])
+    # scikit-learn's squared loss is mean((p - y)^2) / 2, as SquareLearningLoss
+    rows += [
+        ("MLP regression 20-64-1, 4000x20", "scikit-learn MLPRegressor (sgd, Nesterov 0.9, lr 0.01)",
+         timed_fit(lambda: MLPRegressor(hidden_layer_sizes=(64,), learning_rate_init=0.01, **sk_mlp), *nonlin)),
+        ("", "edgetrain ForwardBackwardEstimator (Nesterov 0.9, lr 0.01)",
+         timed_fit(lambda: ForwardBackwardEstimator(mlp, learning_rate=LearningRateSGDNesterov(0.01), **ours),
+                   *nonlin))]
+    digits = digits_split()
+    clf, _ = mlp_model([64, 32, 10])
+    rows += [
+        ("MLP classifier 64-32-10, digits 1437/360", "scikit-learn MLPClassifier (sgd, Nesterov 0.9, lr 0.1)",
+         timed_fit(lambda: MLPClassifier(hidden_layer_sizes=(32,), learning_rate_init=0.1, **sk_mlp), *digits)),
+        ("", "edgetrain ForwardBackwardEstimator (NegLog, Nesterov 0.9, lr 0.1)",
+         timed_fit(lambda: ForwardBackwardEstimator(clf, loss=NegLogLearningLoss(),
+                                                    learning_rate=LearningRateSGDNesterov(0.1), **ours), *digits)),
+        ("", "edgetrain GradientEstimator (cross-entropy in graph, SGD 0.1)",
+         timed_fit(lambda: GradientEstimator(clf, loss="log", learning_rate=0.1, **ours), *digits))]
     lines = [f"Estimators, {epochs} epochs (fit s: second fit; first fit in brackets)", "",
              "| task | estimator | fit s | score (R^2 / accuracy) |", "|---|---|---|---|"]
     for task, name, (t, first, score) in rows:
@@ -144,12 +148,13 @@ def layer(steps: int, sizes: list[int], batch: int = 64) -> str:
         m(xt).backward(gyt)
 
     def run_fb():
-        (y,), ctx = fb.forward([x])
+        _, ctx = fb.forward([x])
         fb.backward(ctx, [gy])
 
     results = {}
-    for name, step in [("torch autograd", lambda: run_torch(net)), ("ONNXLayer in torch", lambda: run_torch(onnx_layer)),
-                       ("ForwardBackward (numpy)", run_fb)]:
+    systems = [("torch autograd", lambda: run_torch(net)), ("ONNXLayer in torch", lambda: run_torch(onnx_layer)),
+               ("ForwardBackward (numpy)", run_fb)]
+    for name, step in systems:
         for _ in range(20):
             step()
         times = []
@@ -159,7 +164,8 @@ def layer(steps: int, sizes: list[int], batch: int = 64) -> str:
             times.append(time.perf_counter() - t)
         results[name] = statistics.median(times) * 1e3
     cells = " | ".join(f"{v:.3f}" for v in results.values())
-    return f"| {'-'.join(map(str, sizes))}, batch {batch} | {cells} | {results['ONNXLayer in torch'] / results['torch autograd']:.2f} |"
+    ratio = results["ONNXLayer in torch"] / results["torch autograd"]
+    return f"| {'-'.join(map(str, sizes))}, batch {batch} | {cells} | {ratio:.2f} |"
 
 
 def main():

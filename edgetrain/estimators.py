@@ -225,6 +225,11 @@ def _r2(y: np.ndarray, p: np.ndarray) -> float:
     return float(np.mean(np.where(ss_tot > 0, 1 - ss_res / np.where(ss_tot > 0, ss_tot, 1), 0.0)))
 
 
+def _copy_or(value, default):
+    """A fresh copy of a user-given rule (fit never changes the estimator's parameters), or the default."""
+    return copy.deepcopy(value) if value is not None else default()
+
+
 def _batches(n: int, batch_size: int, rng: np.random.Generator | None):
     order = rng.permutation(n) if rng is not None else np.arange(n)
     for start in range(0, n, batch_size):
@@ -263,7 +268,8 @@ class ForwardBackwardEstimator(_Params):
 
     def __init__(self, model, loss=None, learning_rate=None, learning_penalty=None, weights=None, epochs: int = 10,
                  batch_size: int = 32, shuffle: bool = True, random_state=None):
-        self.model, self.loss, self.learning_rate, self.learning_penalty = model, loss, learning_rate, learning_penalty
+        self.model, self.loss, self.learning_rate = model, loss, learning_rate
+        self.learning_penalty = learning_penalty
         self.weights, self.epochs, self.batch_size = weights, epochs, batch_size
         self.shuffle, self.random_state = shuffle, random_state
 
@@ -273,10 +279,9 @@ class ForwardBackwardEstimator(_Params):
 
     def fit(self, X, y):
         X, y = _check_fit_args(X, y, self.epochs, self.batch_size)
-        self.loss_ = copy.deepcopy(self.loss) if self.loss is not None else SquareLearningLoss()
-        self.learning_rate_ = copy.deepcopy(self.learning_rate) if self.learning_rate is not None else LearningRateSGD()
-        self.penalty_ = copy.deepcopy(self.learning_penalty) if self.learning_penalty is not None \
-            else NoLearningPenalty()
+        self.loss_ = _copy_or(self.loss, SquareLearningLoss)
+        self.learning_rate_ = _copy_or(self.learning_rate, LearningRateSGD)
+        self.penalty_ = _copy_or(self.learning_penalty, NoLearningPenalty)
         self.fb_ = ForwardBackward(self.model, weights=self.weights)
         if len(self.fb_.input_names) != 1:
             raise InputError(f"the model takes inputs {self.fb_.input_names}; the estimator feeds one (X)")
@@ -304,8 +309,8 @@ class ForwardBackwardEstimator(_Params):
                     self.learning_rate_.update_weights(name, w, g if extra is None else g + extra)
                 total += (loss + self.penalty_.penalty_loss(weights)) * len(idx)
             if not np.isfinite(total):
-                raise EdgetrainError(f"the training loss is {total} (not finite) after {len(self.train_losses_) + 1} "
-                                     "epoch(s): lower the learning rate")
+                raise EdgetrainError(f"the training loss is {total} (not finite) after "
+                                     f"{len(self.train_losses_) + 1} epoch(s): lower the learning rate")
             self.train_losses_.append(total / len(X))
         self.weights_ = {n: w.copy() for n, w in weights.items()}
         self.n_iter_ = t
@@ -361,8 +366,8 @@ class GradientEstimator(_Params):
 
         X, y = _check_fit_args(X, y, self.epochs, self.batch_size)
         if self.loss not in _LOSS_TYPES or self.optimizer not in _OPTIM_TYPES:
-            raise InputError(f"loss must be one of {sorted(_LOSS_TYPES)} and optimizer one of {sorted(_OPTIM_TYPES)}, "
-                             f"got {self.loss!r}, {self.optimizer!r}")
+            raise InputError(f"loss must be one of {sorted(_LOSS_TYPES)} and optimizer one of "
+                             f"{sorted(_OPTIM_TYPES)}, got {self.loss!r}, {self.optimizer!r}")
         proto = load_model(self.model)
         fb = ForwardBackward(proto, weights=self.weights)        # the weights, and the inference program
         names = [v.name for v in fb.graph.outputs]
@@ -447,7 +452,8 @@ def add_loss_output(model, score_name: str = "squared_error", loss_name: str = "
     proto = copy.deepcopy(load_model(model))
     graph = proto.graph
     if not 0 <= output_index < len(graph.output):
-        raise InputError(f"output_index {output_index} is out of range: the model has {len(graph.output)} output(s)")
+        raise InputError(f"output_index {output_index} is out of range: the model has {len(graph.output)} "
+                         "output(s)")
     out = graph.output[output_index]
     names = {v.name for v in graph.input} | {v.name for v in graph.output} | {t.name for t in graph.initializer}
     clash = [n for n in (loss_name, label_name) if n in names]

@@ -194,8 +194,8 @@ class ForwardBackward:
         output_types = [TensorType(known[n].dtype, known[n].shape) for n in self.output_names]
         bwd_types = {f"{n}_grad_output": output_types[k] for k, n in enumerate(self.output_names)
                      if n in self._seeded} | {s: layout[s][1] for s in self.saved}
-        bwd = make_plan(self.backward_graph, bwd_types, [f"{w}_grad" for w in self.input_grads + self.weight_names],
-                        external=self.saved, max_memory=self.max_memory)
+        grads = [f"{w}_grad" for w in self.input_grads + self.weight_names]
+        bwd = make_plan(self.backward_graph, bwd_types, grads, external=self.saved, max_memory=self.max_memory)
         plans = self._plans[key] = _Plans(Program(fwd), bwd, aligned_empty(bwd.arena_bytes), layout, offset,
                                           output_types)
         return plans

@@ -9,14 +9,24 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from edgetrain.errors import InputError
-from edgetrain.estimators import (AbsoluteLearningLoss, ElasticLearningLoss, ElasticLearningPenalty,
-                                  ForwardBackwardEstimator, GradientEstimator, LearningRateSGD,
-                                  LearningRateSGDNesterov, NegLogLearningLoss, NoLearningPenalty,
-                                  SquareLearningLoss, add_loss_output, get_train_initializer)
+from edgetrain.estimators import (
+    AbsoluteLearningLoss,
+    ElasticLearningLoss,
+    ElasticLearningPenalty,
+    ForwardBackwardEstimator,
+    GradientEstimator,
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+    NegLogLearningLoss,
+    NoLearningPenalty,
+    SquareLearningLoss,
+    add_loss_output,
+    get_train_initializer,
+)
 
 sklearn = pytest.importorskip("sklearn")
-from sklearn.base import clone  # noqa: E402
-from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge  # noqa: E402
+from sklearn.base import clone
+from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
 
 
 def linear_model(n_in: int, n_out: int = 1, seed: int = 0):
@@ -105,7 +115,8 @@ def test_gradient_estimator_classifies():
 @pytest.mark.parametrize("loss, torch_loss", [
     (SquareLearningLoss(), lambda p, y: 0.5 * ((p - y) ** 2).sum() / len(p)),
     (AbsoluteLearningLoss(), lambda p, y: (p - y).abs().sum() / len(p)),
-    (ElasticLearningLoss(0.3, 0.7), lambda p, y: (0.3 * (p - y).abs().sum() + 0.35 * ((p - y) ** 2).sum()) / len(p)),
+    (ElasticLearningLoss(0.3, 0.7),
+     lambda p, y: (0.3 * (p - y).abs().sum() + 0.35 * ((p - y) ** 2).sum()) / len(p)),
 ])
 def test_regression_losses_match_torch(loss, torch_loss):
     rng = np.random.default_rng(6)
@@ -148,8 +159,8 @@ def _torch_sgd(w, grads, lr, momentum=0.0, nesterov=False):
 def test_learning_rates_match_torch_sgd():
     rng = np.random.default_rng(8)
     w0, grads = rng.standard_normal(4), [rng.standard_normal(4) for _ in range(5)]
-    for rule, opt in [(LearningRateSGDNesterov(0.1, momentum=0.9), dict(momentum=0.9, nesterov=True)),
-                      (LearningRateSGDNesterov(0.1, momentum=0.5, nesterov=False), dict(momentum=0.5)),
+    for rule, opt in [(LearningRateSGDNesterov(0.1, momentum=0.9), {"momentum": 0.9, "nesterov": True}),
+                      (LearningRateSGDNesterov(0.1, momentum=0.5, nesterov=False), {"momentum": 0.5}),
                       (LearningRateSGD(0.1, "constant"), {})]:
         rule.init_learning_rate()
         w = w0.copy()
@@ -219,7 +230,7 @@ def test_add_loss_output_log():
                         score_name="log")
     X = rng.standard_normal((4, 3)).astype(np.float32)
     labels = np.array([0, 2, 1, 2])
-    p, loss = ReferenceEvaluator(m).run(None, {"X": X, "label": labels})
+    _, loss = ReferenceEvaluator(m).run(None, {"X": X, "label": labels})
     want = torch.nn.functional.cross_entropy(torch.tensor(X), torch.tensor(labels), reduction="sum")
     assert loss[0, 0] == pytest.approx(want.item(), rel=1e-5)
     with pytest.raises(InputError, match="'p'"):

@@ -54,7 +54,8 @@ def _conv_pool(rng):
              helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("AveragePool", ["p"], ["q"], kernel_shape=[2, 2], strides=[1, 1]),
-             helper.make_node("Flatten", ["q"], ["f"]), helper.make_node("Gemm", ["f", "V", "c0"], ["y"], transB=1)]
+             helper.make_node("Flatten", ["q"], ["f"]),
+             helper.make_node("Gemm", ["f", "V", "c0"], ["y"], transB=1)]
     inits = {"W": _r(rng, 4, 2, 3, 3, scale=0.5), "B": _r(rng, 4), "V": _r(rng, 3, 4 * 3 * 3), "c0": _r(rng, 3)}
 
     def net(x, W, B, V, c0):
@@ -325,8 +326,8 @@ def test_torch_layer_trains_like_torch(family):
     torch.manual_seed(0)
     ref = Torch()
     ref.head.load_state_dict(ours[1].state_dict())
-    data = [(torch.tensor(_r(rng, *INPUT_SHAPES[family])), torch.tensor(rng.integers(0, 4, INPUT_SHAPES[family][0])))
-            for _ in range(4)]
+    shape = INPUT_SHAPES[family]
+    data = [(torch.tensor(_r(rng, *shape)), torch.tensor(rng.integers(0, 4, shape[0]))) for _ in range(4)]
     got, want = _train(ours, data, 20), _train(ref, data, 20)
     assert max(got) < 5
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)

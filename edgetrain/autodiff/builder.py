@@ -176,13 +176,15 @@ def output_gradient_graph(graph: Graph, outputs: list[str], wrt: list[str]) -> t
     depends = _depends(graph, wrt)
     seeds = {o: f"{o}_grad_output" for o in outputs if o in depends}
     if not seeds:
-        raise UnsupportedOpError(f"no output of {list(outputs)} depends on {sorted(wrt)}: nothing to differentiate")
+        raise UnsupportedOpError(f"no output of {list(outputs)} depends on {sorted(wrt)}: nothing to "
+                                 "differentiate")
     walk, grads = _backward(graph, None, wrt, seeds=seeds)
     result = {}
     for w in wrt:
         parts = grads.get(w)
         if not parts:
-            raise UnsupportedOpError(f"'{w}' does not reach any of the outputs {list(outputs)}: it gets no gradient")
+            raise UnsupportedOpError(f"'{w}' does not reach any of the outputs {list(outputs)}: it gets no "
+                                     "gradient")
         result[w] = _total(walk, parts, w)
         if result[w] != f"{w}_grad":
             walk.emit(Node("Identity", [result[w]], [f"{w}_grad"], {}, f"{w}_grad/Identity"))
