@@ -65,10 +65,25 @@ class Context:
     def saved_bytes(self) -> int:
         return 0 if self._block is None else self._block.buffer.nbytes
 
+    @property
+    def program(self) -> Program:
+        """The backward program bound to this context's saved values (the profiler times its kernels)."""
+        if self._block is None:
+            raise InputError("this context was already used by backward or released")
+        return self._block.program
+
     def release(self) -> None:
         if self._block is not None:
             self._owner._pool.setdefault(self._key, []).append(self._block)
             self._block = None
+
+
+@dataclass
+class Planned:
+    """What one input shape costs: the forward program, the backward plan and one context's bytes."""
+    forward: Program
+    backward: Plan
+    context_bytes: int
 
 
 @dataclass
@@ -132,7 +147,7 @@ class ForwardBackward:
         prepared = prepare_for_training(graph)
         wrt = input_grads + self.weight_names
         self.backward_graph, self.saved = output_gradient_graph(prepared, self.output_names, wrt)
-        self._seeded = [n for n in self.output_names if f"{n}_grad_output" in
+        self.seeded_outputs = [n for n in self.output_names if f"{n}_grad_output" in
                         {v.name for v in self.backward_graph.inputs}]
         # saved values the forward program returns (inputs and weights are copied from what the caller gave)
         given = set(input_names) | set(self.weight_names)
@@ -193,7 +208,7 @@ class ForwardBackward:
         budget.check(offset, self.max_memory, f"graph '{self.graph.name}': one context's saved values")
         output_types = [TensorType(known[n].dtype, known[n].shape) for n in self.output_names]
         bwd_types = {f"{n}_grad_output": output_types[k] for k, n in enumerate(self.output_names)
-                     if n in self._seeded} | {s: layout[s][1] for s in self.saved}
+                     if n in self.seeded_outputs} | {s: layout[s][1] for s in self.saved}
         grads = [f"{w}_grad" for w in self.input_grads + self.weight_names]
         bwd = make_plan(self.backward_graph, bwd_types, grads, external=self.saved, max_memory=self.max_memory)
         plans = self._plans[key] = _Plans(Program(fwd), bwd, aligned_empty(bwd.arena_bytes), layout, offset,
@@ -257,7 +272,7 @@ class ForwardBackward:
                                  f"{self.output_names}, got {len(grad_outputs)} gradient(s)")
         feeds = []
         for name, t, g in zip(self.output_names, context.output_types, grad_outputs):
-            if name not in self._seeded:
+            if name not in self.seeded_outputs:
                 continue
             if g is None:
                 g = np.zeros(t.shape, t.dtype)
@@ -273,6 +288,17 @@ class ForwardBackward:
         return result
 
     # -- what it costs ---------------------------------------------------------------------------------------
+    def planned(self, inputs, weights: dict[str, np.ndarray] | None = None) -> Planned:
+        """The programs for the shapes of ``inputs`` (planned on first use)."""
+        types, key = self._types(self._feeds(inputs, weights))
+        plans = self._plans_for(types, key)
+        return Planned(plans.forward, plans.backward, plans.block_bytes)
+
+    def planned_feeds(self, inputs, weights: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+        """``inputs`` and the weights in the order the forward program takes them (``Program.run``)."""
+        feeds = self._feeds(inputs, weights)
+        return [feeds[n] for n in self.planned(inputs, weights).forward.plan.fed_inputs]
+
     def memory(self, inputs=None) -> dict[str, int]:
         """Planned bytes for the shapes of ``inputs`` (default: the last planned): the forward and backward
         arenas, one context's saved values, and the blocks made so far (live contexts plus pooled ones)."""

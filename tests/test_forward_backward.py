@@ -354,3 +354,21 @@ def test_import_edgetrain_stays_light():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+
+
+def test_profile_counts_the_contexts():
+    from edgetrain.profiling import profile_forward_backward
+    rng = np.random.default_rng(12)
+    nodes, inputs, outputs, inits, _ = _matmul(rng)
+    fb = ForwardBackward(make_model(nodes, inputs, outputs, inits), input_grads=["x"])
+    x = _r(rng, 8, 6)
+    p = profile_forward_backward(fb, [x], steps=3, contexts=2)
+    # saved: x, W, V and the Relu output, each rounded up to 64 bytes; recounted from the shapes
+    saved = sum(-(-int(np.prod(s)) * 4 // 64) * 64 for s in [(8, 6), (6, 7), (3, 7), (8, 7)])
+    assert p["context_bytes"] == saved and p["backward"].state == {"contexts": 2 * saved}
+    assert fb.blocks_made == 2          # two contexts alive at once, then pooled
+    weights = sum(v.nbytes for v in inits.values())
+    assert p["forward"].state == {"weights": weights}
+    assert p["planned_bytes"] >= p["forward"].arena_bytes + p["backward"].arena_bytes + weights + 2 * saved
+    assert p["forward"].kernels >= 2 and p["backward"].kernels >= 3
+    assert len(p["backward"].kernel_times) == len(fb.forward([x])[1].program.calls)
