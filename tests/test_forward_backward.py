@@ -372,3 +372,47 @@ def test_profile_counts_the_contexts():
     assert p["planned_bytes"] >= p["forward"].arena_bytes + p["backward"].arena_bytes + weights + 2 * saved
     assert p["forward"].kernels >= 2 and p["backward"].kernels >= 3
     assert len(p["backward"].kernel_times) == len(fb.forward([x])[1].program.calls)
+
+
+def test_an_output_read_downstream_and_a_missing_gradient():
+    """y1 is an output and feeds y2: its gradient sums the given one and y2's; None stands for zeros."""
+    rng = np.random.default_rng(13)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y1"]),
+             helper.make_node("Sigmoid", ["y1"], ["y2"])]
+    fb = ForwardBackward(make_model(nodes, {"x": ["N", 3]}, ["y1", "y2"], {"W": _r(rng, 3, 4)}),
+                         input_grads=["x"])
+    x = _r(rng, 5, 3)
+    (y1, y2), ctx = fb.forward([x])
+    g1, g2 = _r(rng, 5, 4), _r(rng, 5, 4)
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(fb.weights["W"], requires_grad=True)
+    t1 = torch.relu(xt @ wt)
+    torch.autograd.backward([t1, torch.sigmoid(t1)], [torch.tensor(g1), torch.tensor(g2)])
+    grads = fb.backward(ctx, {"y1": g1, "y2": g2})
+    _close(grads["x"], xt.grad.numpy(), "x")
+    _close(grads["W"], wt.grad.numpy(), "W")
+    _, ctx = fb.forward([x])
+    only = fb.backward(ctx, {"y2": g2})                      # y1's gradient left out: zeros
+    _, ctx = fb.forward([x])
+    zeros = fb.backward(ctx, [np.zeros_like(g1), g2])
+    for name in only:
+        np.testing.assert_array_equal(only[name], zeros[name])
+
+
+def test_integer_inputs_and_two_batch_sizes_at_once():
+    """An embedding (Gather of int64 ids) in the torch layer; contexts of two batch sizes alive together."""
+    rng = np.random.default_rng(14)
+    nodes = [helper.make_node("Gather", ["E", "ids"], ["e"]),
+             helper.make_node("ReduceMean", ["e", "ax"], ["y"], keepdims=0)]
+    inits = {"E": _r(rng, 10, 4), "ax": np.array([1], np.int64)}
+    graph = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "T"])],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    layer = ONNXLayer(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    assert layer.fb.input_grads == [] and layer.weight_names == ["E"]
+    ids = [torch.tensor(rng.integers(0, 10, (n, 3))) for n in (4, 2)]
+    outs = [layer(i) for i in ids]                           # two shapes, both contexts alive
+    (outs[0].sum() + 2 * outs[1].sum()).backward()
+    E = torch.tensor(inits["E"], requires_grad=True)
+    (E[ids[0]].mean(1).sum() + 2 * E[ids[1]].mean(1).sum()).backward()
+    _close(layer.weights[0].grad.numpy(), E.grad.numpy(), "E")
+    assert layer.fb.blocks_made == 2
