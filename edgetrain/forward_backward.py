@@ -32,6 +32,9 @@ from .runtime.program import aligned_empty
 from .session import bind_feeds
 
 ALIGN = 64
+# inputs that hold statistics, not weights (BatchNorm's running mean and variance): never trained by default,
+# even where an inference-mode BatchNormalization would pass them a gradient; a training-mode one updates them
+STATISTICS_INPUTS = {"BatchNormalization": (3, 4), "BatchNormInternal": (3, 4)}
 
 
 def get_train_initializer(model) -> dict[str, np.ndarray]:
@@ -106,7 +109,10 @@ class ForwardBackward:
     weights : list of str, optional
         The initializers to differentiate (the weights). Default: every floating-point initializer that the
         outputs depend on differentiably (``get_train_initializer`` minus BatchNorm running statistics and the
-        like, which stay constants).
+        like). A training-mode BatchNormalization (``training_mode=1``, as torch exports in training mode)
+        normalizes with batch statistics and updates its running statistics, held in ``self.buffers``, after
+        each training forward; an inference-mode one (the usual export) keeps them fixed, as onnxruntime's
+        training does.
     input_grads : list of str, optional
         Graph inputs whose gradients ``backward`` returns too.
     max_memory : int, optional
@@ -123,7 +129,9 @@ class ForwardBackward:
         self.max_memory = budget.resolve(max_memory)
         floats = list(get_train_initializer(graph))
         if weights is None:
-            weights = params_with_gradient(graph, floats)
+            stats = {n.inputs[i] for n in graph.nodes for i in STATISTICS_INPUTS.get(n.op_type, ())
+                     if i < len(n.inputs)}
+            weights = params_with_gradient(graph, [f for f in floats if f not in stats])
         unknown = [w for w in weights if w not in graph.initializers]
         if unknown:
             raise InputError(f"weights {unknown} are not initializers of graph '{graph.name}'; floating-point "
@@ -143,19 +151,29 @@ class ForwardBackward:
         self.weights = {w: np.array(graph.initializers[w], order="C") for w in self.weight_names}
         self._weight_values = [Value(w, TensorType(self.weights[w].dtype, self.weights[w].shape))
                                for w in self.weight_names]
-        constants = {k: v for k, v in graph.initializers.items() if k not in set(self.weight_names)}
         prepared = prepare_for_training(graph)
+        # running statistics (BatchNorm's): held beside the weights, read by both forms, and replaced by the
+        # updated values after each training forward, as torch's BatchNorm does
+        self._stats = [(out, src) for n in prepared.nodes
+                       if n.op_type in STATISTICS_INPUTS and n.attrs.get("training_mode")
+                       for out, src in zip(n.outputs[1:3], n.inputs[3:5])
+                       if out and src in graph.initializers and src not in set(self.weight_names)]
+        self.buffers = {src: np.array(graph.initializers[src], order="C") for _, src in self._stats}
+        held = [Value(b, TensorType(a.dtype, a.shape)) for b, a in self.buffers.items()]
+        constants = {k: v for k, v in graph.initializers.items()
+                     if k not in set(self.weight_names) and k not in self.buffers}
         wrt = input_grads + self.weight_names
         self.backward_graph, self.saved = output_gradient_graph(prepared, self.output_names, wrt)
         self.seeded_outputs = [n for n in self.output_names if f"{n}_grad_output" in
                         {v.name for v in self.backward_graph.inputs}]
         # saved values the forward program returns (inputs and weights are copied from what the caller gave)
-        given = set(input_names) | set(self.weight_names)
+        given = set(input_names) | set(self.weight_names) | set(self.buffers)
         self._computed = [s for s in self.saved if s not in given]
-        self.train_graph = Graph(prepared.nodes, list(graph.inputs) + self._weight_values, list(graph.outputs),
-                                 constants, prepared.opsets, {}, graph.name)
-        self.eval_graph = Graph(self._eval_nodes(graph), list(graph.inputs) + self._weight_values,
-                                list(graph.outputs), constants, dict(graph.opsets), {}, graph.name)
+        inputs = list(graph.inputs) + self._weight_values + held
+        self.train_graph = Graph(prepared.nodes, inputs, list(graph.outputs), constants, prepared.opsets, {},
+                                 graph.name)
+        self.eval_graph = Graph(self._eval_nodes(graph), inputs, list(graph.outputs), constants,
+                                dict(graph.opsets), {}, graph.name)
         self._plans: dict[tuple, _Plans] = {}
         self._eval: dict[tuple, Program] = {}
         self._pool: dict[tuple, list[_Block]] = {}
@@ -184,10 +202,10 @@ class ForwardBackward:
         extra = [w for w in weights if w not in self.weight_names]
         if missing or extra:
             raise InputError(f"weights: missing {missing}, unexpected {extra}; expected {self.weight_names}")
-        clash = [w for w in weights if w in feeds]
+        clash = [w for w in list(weights) + list(self.buffers) if w in feeds]
         if clash:
             raise InputError(f"{clash} given both as inputs and as weights")
-        return feeds | {w: weights[w] for w in self.weight_names}
+        return feeds | {w: weights[w] for w in self.weight_names} | self.buffers
 
     def _types(self, feeds) -> tuple[dict[str, TensorType], tuple]:
         types = bind_feeds(self.train_graph.inputs, feeds, f"graph '{self.graph.name}'")
@@ -198,7 +216,8 @@ class ForwardBackward:
         plans = self._plans.get(key)
         if plans is not None:
             return plans
-        fwd = make_plan(self.train_graph, types, self.output_names + self._computed, max_memory=self.max_memory)
+        fwd = make_plan(self.train_graph, types, self.output_names + self._computed + [o for o, _ in self._stats],
+                        max_memory=self.max_memory)
         known = fwd.spec.types | types
         layout, offset = {}, 0
         for name in self.saved:
@@ -246,9 +265,11 @@ class ForwardBackward:
         prog = plans.forward
         outs = prog.run([feeds[n] for n in prog.plan.fed_inputs])
         block = self._block(key, plans)
-        computed = dict(zip(self.output_names + self._computed, outs))
+        computed = dict(zip(self.output_names + self._computed + [o for o, _ in self._stats], outs))
         for name, view in block.views.items():
             np.copyto(view, computed[name] if name in computed else feeds[name])
+        for out, src in self._stats:
+            np.copyto(self.buffers[src], computed[out])
         return [np.array(o) for o in outs[:len(self.output_names)]], Context(self, key, block, plans.output_types)
 
     def backward(self, context: Context, grad_outputs, retain: bool = False) -> dict[str, np.ndarray]:

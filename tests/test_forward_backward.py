@@ -386,7 +386,10 @@ def test_an_output_read_downstream_and_a_missing_gradient():
     g1, g2 = _r(rng, 5, 4), _r(rng, 5, 4)
     xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(fb.weights["W"], requires_grad=True)
     t1 = torch.relu(xt @ wt)
-    torch.autograd.backward([t1, torch.sigmoid(t1)], [torch.tensor(g1), torch.tensor(g2)])
+    t2 = torch.sigmoid(t1)
+    torch.autograd.backward([t1, t2], [torch.tensor(g1), torch.tensor(g2)])
+    _close(y1, t1.detach().numpy(), "y1")
+    _close(y2, t2.detach().numpy(), "y2")
     grads = fb.backward(ctx, {"y1": g1, "y2": g2})
     _close(grads["x"], xt.grad.numpy(), "x")
     _close(grads["W"], wt.grad.numpy(), "W")
@@ -416,3 +419,35 @@ def test_integer_inputs_and_two_batch_sizes_at_once():
     (E[ids[0]].mean(1).sum() + 2 * E[ids[1]].mean(1).sum()).backward()
     _close(layer.weights[0].grad.numpy(), E.grad.numpy(), "E")
     assert layer.fb.blocks_made == 2
+
+
+def test_batchnorm_running_statistics_follow_training_forwards():
+    """Each training forward replaces the held running statistics, as torch's BatchNorm in training mode; the
+    inference form then reads them."""
+    rng = np.random.default_rng(15)
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "t", "mean", "var"], ["y"], momentum=0.8,
+                              training_mode=1)]
+    inits = {"s": _r(rng, 3), "t": _r(rng, 3), "mean": _r(rng, 3), "var": np.abs(_r(rng, 3)) + 0.5}
+    fb = ForwardBackward(make_model(nodes, {"x": ["N", 3]}, ["y"], inits))
+    assert fb.weight_names == ["s", "t"] and sorted(fb.buffers) == ["mean", "var"]
+    bn = torch.nn.BatchNorm1d(3, momentum=0.2)
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor(inits["s"]))
+        bn.bias.copy_(torch.tensor(inits["t"]))
+        bn.running_mean.copy_(torch.tensor(inits["mean"]))
+        bn.running_var.copy_(torch.tensor(inits["var"]))
+    var = inits["var"].astype(np.float64)
+    for _ in range(3):
+        x = _r(rng, 6, 3) * 2 + 1
+        (y,), ctx = fb.forward([x])
+        ctx.release()
+        _close(y, bn.train()(torch.tensor(x)).detach().numpy(), "training output")
+        var = 0.8 * var + 0.2 * x.var(axis=0)      # ONNX's running variance: the biased batch variance
+    _close(fb.buffers["mean"], bn.running_mean.numpy(), "running mean")
+    _close(fb.buffers["var"], var, "running variance")     # (torch's takes the unbiased one)
+    x = _r(rng, 4, 3)
+    with torch.no_grad():
+        bn.running_var.copy_(torch.tensor(var))
+    _close(fb.forward([x], training=False)[0][0], bn.eval()(torch.tensor(x)).detach().numpy(), "eval output")
+    with pytest.raises(InputError, match="\\['mean'\\] given both"):
+        fb.forward({"x": x, "mean": inits["mean"]})
