@@ -72,6 +72,11 @@ class ONNXLayer(torch.nn.Module):
         # weight names ("fc1.weight") are not valid attribute names: keep them in order in a list
         self.weights = torch.nn.ParameterList(
             [torch.nn.Parameter(torch.from_numpy(np.array(self.fb.weights[n]))) for n in self.weight_names])
+        # running statistics: torch buffers over the very arrays edgetrain updates, so state_dict() and
+        # load_state_dict() see and set them
+        self.buffer_names = list(self.fb.buffers)
+        for k, n in enumerate(self.buffer_names):
+            self.register_buffer(f"statistic{k}", torch.from_numpy(self.fb.buffers[n]))
 
     def named_weights(self) -> dict[str, torch.nn.Parameter]:
         """The ONNX initializer name of each parameter."""

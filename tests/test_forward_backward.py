@@ -451,3 +451,18 @@ def test_batchnorm_running_statistics_follow_training_forwards():
     _close(fb.forward([x], training=False)[0][0], bn.eval()(torch.tensor(x)).detach().numpy(), "eval output")
     with pytest.raises(InputError, match="\\['mean'\\] given both"):
         fb.forward({"x": x, "mean": inits["mean"]})
+
+
+def test_torch_layer_statistics_are_torch_buffers():
+    rng = np.random.default_rng(16)
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "t", "mean", "var"], ["y"], training_mode=1)]
+    inits = {"s": _r(rng, 3), "t": _r(rng, 3), "mean": np.zeros(3, np.float32), "var": np.ones(3, np.float32)}
+    layer = ONNXLayer(make_model(nodes, {"x": ["N", 3]}, ["y"], inits))
+    x = torch.tensor(_r(rng, 8, 3) + 2)
+    layer(x).sum().backward()
+    state = layer.state_dict()
+    assert layer.buffer_names == ["mean", "var"]
+    np.testing.assert_allclose(state["statistic0"].numpy(), 0.1 * x.numpy().mean(0), rtol=1e-5)  # momentum 0.9
+    state["statistic0"] = torch.zeros(3)
+    layer.load_state_dict(state)
+    np.testing.assert_array_equal(layer.fb.buffers["mean"], np.zeros(3, np.float32))
