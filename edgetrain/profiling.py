@@ -243,7 +243,8 @@ def _step_report(kind: str, model: str, prog, store, moments, plan=None, state=N
     buffers = [{"name": b.name, "offset": b.offset, "bytes": b.nbytes, "start": b.start, "end": b.end}
                for b in plan.memory.buffers if b.offset >= 0]
     state = state if state is not None else _state_bound(kind, plan, store, moments)
-    return StepReport(kind, model, plan.arena_bytes, plan.naive_bytes, consts, state, plan.n_kernels, plan.n_ops, step, live,
+    return StepReport(kind, model, plan.arena_bytes, plan.naive_bytes, consts, state, plan.n_kernels, plan.n_ops,
+                      step, live,
                       [{"name": n, "type": t, "bytes": b} for n, t, b in rows], n_steps=len(plan.steps),
                       buffers=buffers)
 
