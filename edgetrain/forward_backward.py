@@ -144,6 +144,9 @@ class ForwardBackward:
         bad = [n for n in input_grads if n not in input_names]
         if bad:
             raise InputError(f"input_grads {bad} are not inputs of graph '{graph.name}'; inputs: {input_names}")
+        not_float = [v.name for v in graph.inputs if v.name in input_grads and v.type.dtype.kind != "f"]
+        if not_float:
+            raise InputError(f"input_grads {not_float} are not floating-point inputs: they have no gradient")
         self.weight_names = list(weights)
         self.input_grads = input_grads
         self.input_names = input_names
@@ -164,8 +167,8 @@ class ForwardBackward:
                      if k not in set(self.weight_names) and k not in self.buffers}
         wrt = input_grads + self.weight_names
         self.backward_graph, self.saved = output_gradient_graph(prepared, self.output_names, wrt)
-        self.seeded_outputs = [n for n in self.output_names if f"{n}_grad_output" in
-                        {v.name for v in self.backward_graph.inputs}]
+        seeds = {v.name for v in self.backward_graph.inputs}
+        self.seeded_outputs = [n for n in self.output_names if f"{n}_grad_output" in seeds]
         # saved values the forward program returns (inputs and weights are copied from what the caller gave)
         given = set(input_names) | set(self.weight_names) | set(self.buffers)
         self._computed = [s for s in self.saved if s not in given]

@@ -13,6 +13,7 @@ import torch
 from .compact import load_graph
 from .errors import InputError
 from .forward_backward import ForwardBackward
+from .ir import Graph
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
@@ -50,7 +51,7 @@ class ONNXLayer(torch.nn.Module):
 
     Parameters
     ----------
-    model : path, bytes or ModelProto
+    model : path, bytes, ModelProto or edgetrain Graph
         A forward-only model; its weights become ``nn.Parameter`` s initialized from its initializers.
     weights : list of str, optional
         Initializers to train (default as ``ForwardBackward``: every float initializer that gets a gradient).
@@ -64,7 +65,7 @@ class ONNXLayer(torch.nn.Module):
 
     def __init__(self, model, weights=None, input_grads=None, max_memory=None):
         super().__init__()
-        graph = load_graph(model)
+        graph = model if isinstance(model, Graph) else load_graph(model)
         if input_grads is None:
             input_grads = [v.name for v in graph.inputs if np.dtype(v.type.dtype).kind == "f"]
         self.fb = ForwardBackward(graph, weights=weights, input_grads=input_grads, max_memory=max_memory)

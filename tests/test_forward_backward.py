@@ -412,6 +412,8 @@ def test_integer_inputs_and_two_batch_sizes_at_once():
                               [numpy_helper.from_array(v, k) for k, v in inits.items()])
     layer = ONNXLayer(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
     assert layer.fb.input_grads == [] and layer.weight_names == ["E"]
+    with pytest.raises(InputError, match="\\['ids'\\] are not floating-point inputs"):
+        ONNXLayer(layer.fb.graph, input_grads=["ids"])
     ids = [torch.tensor(rng.integers(0, 10, (n, 3))) for n in (4, 2)]
     outs = [layer(i) for i in ids]                           # two shapes, both contexts alive
     (outs[0].sum() + 2 * outs[1].sum()).backward()
