@@ -238,15 +238,17 @@ def _state_bound(kind: str, plan, store, moments: list[str]) -> dict[str, int]:
     return out
 
 
-def _step_report(kind: str, model: str, prog, store, moments) -> StepReport:
+def _step_report(kind: str, model: str, prog, store, moments, plan=None, state=None) -> StepReport:
+    """``plan`` and ``state``: a plan without a program, or bytes bound from outside a state store."""
     from .plan import peak_tensors
-    plan = prog.plan
+    plan = plan or prog.plan
     step, live, rows = peak_tensors(plan)
     consts = sum(np.asarray(c).nbytes for c in plan.spec.consts.values())
     buffers = [{"name": b.name, "offset": b.offset, "bytes": b.nbytes, "start": b.start, "end": b.end}
                for b in plan.memory.buffers if b.offset >= 0]
-    return StepReport(kind, model, plan.arena_bytes, plan.naive_bytes, consts, _state_bound(kind, plan, store,
-                      moments), plan.n_kernels, plan.n_ops, step, live,
+    state = state if state is not None else _state_bound(kind, plan, store, moments)
+    return StepReport(kind, model, plan.arena_bytes, plan.naive_bytes, consts, state, plan.n_kernels, plan.n_ops,
+                      step, live,
                       [{"name": n, "type": t, "bytes": b} for n, t, b in rows], n_steps=len(plan.steps),
                       buffers=buffers)
 
@@ -532,4 +534,50 @@ def format_table(p: Profile, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["KernelTime", "Profile", "StepReport", "format_table", "profile_artifacts"]
+def profile_forward_backward(fb, inputs, steps: int = 20, contexts: int = 1) -> dict:
+    """Profile a ``ForwardBackward`` at the shapes of ``inputs``: ``contexts`` training forwards, then a backward
+    of each (a micro-batch pipeline), ``steps`` times after one warm-up round.
+
+    Returns {"forward": StepReport, "backward": StepReport, "contexts": contexts, "context_bytes": one context's
+    saved values, "planned_bytes": both arenas + the weights + ``contexts`` context blocks + constants,
+    "rss_growth": RSS after the last round minus after the first}. Each report's ``state`` names what its
+    program binds besides the arena: the weights it reads, and (backward) the context blocks alive at once.
+    """
+    planned = fb.planned(inputs)
+    weights = sum(w.nbytes for w in fb.weights.values())
+    reports = {"forward": _step_report("forward", fb.graph.name, planned.forward, None, (),
+                                       state={"weights": weights}),
+               "backward": _step_report("backward", fb.graph.name, None, None, (), plan=planned.backward,
+                                        state={"contexts": contexts * planned.context_bytes})}
+    memory, times, rss = _Memory(), {"forward": [], "backward": []}, []
+    outs = None
+    for r in range(steps + 1):
+        pending = []
+        for _ in range(contexts):
+            t0 = time.perf_counter()
+            outs, ctx = fb.forward(inputs)
+            times["forward"].append(time.perf_counter() - t0)
+            pending.append(ctx)
+        for ctx in pending:
+            t0 = time.perf_counter()
+            fb.backward(ctx, [np.ones_like(o) if o.dtype.kind == "f" else None for o in outs])
+            times["backward"].append(time.perf_counter() - t0)
+        if r:
+            rss.append(memory.sample()[0])
+    feeds = fb.planned_feeds(inputs)
+    ctx_outs, ctx = fb.forward(inputs)
+    grads = [np.ones_like(o) for o, n in zip(ctx_outs, fb.output_names) if n in fb.seeded_outputs]
+    for kind, prog, fed in (("forward", planned.forward, feeds), ("backward", ctx.program, grads)):
+        report = reports[kind]
+        report.kernel_times, report.by_op = _time_kernels(prog, fed, max(1, min(steps, 20)))
+        report.kernel_ms = sum(k.ms for k in report.kernel_times)
+        report.step_ms = float(np.median(times[kind][contexts:])) * 1e3
+        report.rss_peak = max(rss)
+    ctx.release()
+    consts = sum(r.constants_bytes for r in reports.values())
+    return {**reports, "contexts": contexts, "context_bytes": planned.context_bytes,
+            "planned_bytes": planned.forward.plan.arena_bytes + planned.backward.arena_bytes + weights
+            + contexts * planned.context_bytes + consts, "rss_growth": rss[-1] - rss[0]}
+
+
+__all__ = ["KernelTime", "Profile", "StepReport", "format_table", "profile_artifacts", "profile_forward_backward"]

@@ -20,8 +20,8 @@ LAYERS = [
     {"codegen", "onnxblock"},
     {"runtime", "artifacts"},
     {"session"},
-    {"api"},
-    {"trainer", "profiling", "timeline", "data"},
+    {"api", "forward_backward"},
+    {"trainer", "profiling", "timeline", "data", "estimators", "torch"},
     {"cli", "minimal_build", "trimmed", "__init__", "__main__"},   # trimmed: minimal_build/device_build.py, shipped
 ]
 LAYER = {unit: k for k, units in enumerate(LAYERS) for unit in units}
