@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from ..errors import EdgetrainError
 
 HOST = "127.0.0.1"
@@ -57,6 +59,23 @@ def _toml_value(value) -> str:
 def config_arg(config: dict) -> str:
     """``key=value`` pairs as Flower's --node-config and --run-config take them (TOML values)."""
     return " ".join(f"{k}={_toml_value(v)}" for k, v in config.items())
+
+
+def _signal_tree(proc: subprocess.Popen, sig: int) -> list[psutil.Process]:
+    """Send ``sig`` to ``proc`` and all its descendants (children first listed, then signalled together)."""
+    try:
+        root = psutil.Process(proc.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    for q in tree:
+        try:
+            q.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    if sig == signal.SIGKILL:
+        proc.wait()
+    return tree
 
 
 class Federation:
@@ -101,26 +120,20 @@ class Federation:
 
     def kill_node(self, i: int) -> None:
         """SIGKILL SuperNode ``i`` and everything it started (its SuperExec and ClientApp processes)."""
-        proc = self.procs[f"supernode-{i}"]
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        _signal_tree(self.procs[f"supernode-{i}"], signal.SIGKILL)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    continue
-        for proc in self.procs.values():
+        """SIGTERM every process tree started here (Flower starts SuperExecs in sessions of their own, so a
+        process group does not reach them), SIGKILL what is left after 10 s."""
+        trees = [_signal_tree(p, signal.SIGTERM) for p in self.procs.values()]
+        _, alive = psutil.wait_procs([q for tree in trees for q in tree], timeout=10)
+        for q in alive:
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                q.kill()
+            except psutil.NoSuchProcess:
+                pass
+        for proc in self.procs.values():
+            proc.wait()
 
     def __enter__(self) -> Federation:
         try:
