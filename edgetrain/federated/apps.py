@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
@@ -36,7 +37,7 @@ NODE_KEYS = ("artifacts-dir", "data", "partition-id", "num-partitions")
 DEFAULTS = {                      # the app's run config; pyproject.toml repeats these for `flwr run`
     "artifacts-dir": "", "checkpoint": "", "resume": True, "num-server-rounds": 3, "strategy": "fedavg",
     "local-epochs": 1, "batch-size": 32, "learning-rate": 0.0, "proximal-mu": 0.01, "server-lr": 0.01,
-    "fraction-train": 1.0, "fraction-evaluate": 0.0, "min-nodes": 2, "round-timeout": 120.0,
+    "fraction-train": 1.0, "fraction-evaluate": 0.0, "min-nodes": 2, "min-available-nodes": 0, "round-timeout": 120.0, "straggler-grace": 30.0,
     "central-eval": "digits", "data": "digits", "partition-id": 0, "num-partitions": 1, "dirichlet-alpha": 0.5,
     "seed": 0,
 }
@@ -93,7 +94,9 @@ clientapp = ClientApp()
 
 @clientapp.train()
 def client_train(msg: Message, context: Context) -> Message:
+    entered = time.time()
     node = open_node(context)
+    opened = time.time()
     config = msg.content.config_records.get("config", ConfigRecord())
     result = node.train(received(msg.content, node.size, node.dtype),
                         epochs=int(setting(context, "local-epochs")), batch_size=int(setting(context, "batch-size")),
@@ -101,7 +104,12 @@ def client_train(msg: Message, context: Context) -> Message:
                         server_round=int(config.get("server-round", 0)),
                         node_seed=int(setting(context, "partition-id")),
                         proximal_mu=float(config.get("proximal-mu", 0.0)))
-    metrics = {WEIGHT_KEY: result.num_examples, "train-loss": result.loss}
+    # where a round's time goes on the node: this process's start-up (Flower starts one per message) and imports,
+    # opening the artifacts (load, plan, kernels from the cache), training
+    metrics = {WEIGHT_KEY: result.num_examples, "train-loss": result.loss,
+               "client-seconds-startup": entered - psutil.Process().create_time(),
+               "client-seconds-open": opened - entered, "client-seconds-train": time.time() - opened,
+               "client-rss-mb": psutil.Process().memory_info().rss / 2**20}
     metrics.update({f"local-{k}": float(v) for k, v in result.metrics.items() if k != "samples"})
     return Message(RecordDict({"arrays": parameters_record(result.parameters), "metrics": MetricRecord(metrics)}),
                    reply_to=msg)
@@ -120,8 +128,10 @@ def client_evaluate(msg: Message, context: Context) -> Message:
 def make_strategy(config: dict):
     """FedAvg (default), FedProx or FedAdam from the run config; all weigh replies by ``num-examples``."""
     nodes = int(config["min-nodes"])
+    available = max(nodes, int(config["min-available-nodes"]))     # rounds start once this many are connected
     common = dict(fraction_train=float(config["fraction-train"]), fraction_evaluate=float(config["fraction-evaluate"]),
-                  min_train_nodes=nodes, min_evaluate_nodes=nodes, min_available_nodes=nodes, weighted_by_key=WEIGHT_KEY)
+                  min_train_nodes=nodes, min_evaluate_nodes=nodes, min_available_nodes=available,
+                  weighted_by_key=WEIGHT_KEY)
     table = {
         "fedavg": lambda: FedAvg(**common),
         "fedprox": lambda: FedProx(**common, proximal_mu=float(config["proximal-mu"])),
@@ -156,6 +166,31 @@ def screen_replies(replies: list[Message], size: int, dtype) -> tuple[list[Messa
     return good, dropped
 
 
+def collect(grid: Grid, messages: list[Message], timeout: float, quorum: int, grace: float,
+            poll: float = 0.25) -> list[Message]:
+    """Send ``messages`` and gather replies until all are in, ``timeout`` seconds have passed, or ``grace`` seconds
+    after ``quorum`` replies arrived (a killed or stalled node holds the round only that long; Flower reports
+    a lost node only after missed heartbeats, a minute or more). Polls every ``poll`` s: ``Grid.send_and_receive``
+    polls every 3 s, which would be most of a round on loopback."""
+    pending = set(grid.push_messages(messages))
+    replies: list[Message] = []
+    start = time.monotonic()
+    quorum_at = None
+    while pending and time.monotonic() - start < timeout:
+        got = list(grid.pull_messages(pending))
+        replies += got
+        pending -= {m.metadata.reply_to_message_id for m in got}
+        if quorum_at is None and len(replies) >= quorum:
+            quorum_at = time.monotonic()
+        if not pending or (quorum_at is not None and time.monotonic() - quorum_at >= grace):
+            break
+        time.sleep(poll)
+    if pending:
+        log.warning("%d of %d node(s) did not reply in time; the round goes on without them", len(pending),
+                    len(messages))
+    return replies
+
+
 def run_server(grid: Grid, config: dict) -> list[dict]:
     """The rounds from the global checkpoint's next one to ``num-server-rounds``: train (and evaluate) on the
     nodes, drop bad replies, aggregate with the strategy, evaluate centrally, write the checkpoint atomically and a
@@ -175,7 +210,7 @@ def run_server(grid: Grid, config: dict) -> list[dict]:
         central = list(digits_split(seed=int(config["seed"]))[1])
     elif config["central-eval"]:
         central = load_npz(config["central-eval"], model.module.input_names())
-    timeout = float(config["round-timeout"])
+    timeout, grace = float(config["round-timeout"]), float(config["straggler-grace"])
     lines = []
     if model.round == 0 and central is not None:
         lines.append({"round": 0, **{f"central-{k}": v for k, v in model.evaluate(central).items()}})
@@ -186,7 +221,7 @@ def run_server(grid: Grid, config: dict) -> list[dict]:
         t0 = time.perf_counter()
         arrays = parameters_record(model.parameters())
         sent = list(strategy.configure_train(rnd, arrays, ConfigRecord(), grid))
-        replies = list(grid.send_and_receive(sent, timeout=timeout))
+        replies = collect(grid, sent, timeout, strategy.min_train_nodes, grace)
         t_train = time.perf_counter() - t0
         good, dropped = screen_replies(replies, model.size, model.dtype)
         line = {"round": rnd, "sent": len(sent), "replies": len(replies), "aggregated": len(good),
@@ -203,7 +238,8 @@ def run_server(grid: Grid, config: dict) -> list[dict]:
         t1 = time.perf_counter()
         if strategy.fraction_evaluate > 0:
             asked = list(strategy.configure_evaluate(rnd, parameters_record(model.parameters()), ConfigRecord(), grid))
-            answers = [m for m in grid.send_and_receive(asked, timeout=timeout) if not m.has_error()]
+            answers = [m for m in collect(grid, asked, timeout, strategy.min_evaluate_nodes, grace)
+                       if not m.has_error()]
             fed = strategy.aggregate_evaluate(rnd, answers) if answers else None
             line.update({f"federated-{k}": float(v) for k, v in (fed or {}).items()})
         if central is not None:
