@@ -87,7 +87,7 @@ def flower():
 
 
 class LocalGrid:
-    """A Grid that answers each message by calling a ClientApp function of the node it is addressed to."""
+    """A Grid that answers each message by calling the ClientApp with the context of the node it is addressed to."""
 
     def __init__(self, apps, artifacts, nodes: int, faults: dict | None = None):
         from flwr.app import Context, RecordDict
@@ -105,8 +105,7 @@ class LocalGrid:
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = msg.object_id      # as Flower's Grid.push_messages does
             node = msg.metadata.dst_node_id
-            handler = self.apps.client_train if msg.metadata.message_type == "train" else self.apps.client_evaluate
-            reply = handler(msg, self.contexts[node])
+            reply = self.apps.clientapp(msg, self.contexts[node])        # Flower's dispatch, with the app's mods
             self.replies[msg.object_id] = self.faults[node](reply) if node in self.faults else reply
         return list(self.replies)
 
@@ -200,6 +199,29 @@ def test_fedprox_and_fedadam_are_selectable_and_unknown_names_are_refused(flower
     assert moved["m"] != moved["a"] and all(line["aggregated"] == 2 for line in prox[1:] + adam[1:] + avg[1:])
     with pytest.raises(InputError, match="strategy 'fedsgd' is not supported; supported: fedadam, fedavg"):
         flower.make_strategy({**flower.DEFAULTS, "strategy": "fedsgd"})
+
+
+def test_client_side_dp_clips_each_update_and_the_server_adds_noise(flower, artifacts, tmp_path):
+    clip = 0.5
+    config = server_config(artifacts, tmp_path / "clip", **{"num-server-rounds": 1, "dp-clipping-norm": clip})
+    lines = flower.run_server(LocalGrid(flower, artifacts, 2), config)
+    assert lines[1]["aggregated"] == 2
+    start = initial_parameters(artifacts)
+    updates, weights = [], []
+    for pid in (0, 1):
+        train, test = digits_partition(pid, 2, 0.5, 0)
+        delta = LocalNode(artifacts, train, test).train(start, EPOCHS, 32, LR, 0, 1, pid).parameters - start
+        assert np.linalg.norm(delta) > clip                 # the clipping is not vacuous
+        updates.append(delta.astype(np.float64) * clip / np.linalg.norm(delta.astype(np.float64)))
+        weights.append(len(train[1]))
+    expected = start + np.average(np.stack(updates), axis=0, weights=weights)
+    np.testing.assert_allclose(GlobalModel(artifacts, tmp_path / "clip" / "global").parameters(), expected,
+                               rtol=1e-5, atol=1e-6)
+    noisy = {**config, "checkpoint": str(tmp_path / "noise" / "global"), "dp-noise-multiplier": 1.0}
+    flower.run_server(LocalGrid(flower, artifacts, 2), noisy)
+    noise = GlobalModel(artifacts, tmp_path / "noise" / "global").parameters() - expected
+    # Gaussian noise of std noise-multiplier x clipping norm / sampled clients on every parameter
+    assert abs(noise.std() - 1.0 * clip / 2) < 0.05 * clip / 2 and abs(noise.mean()) < 0.01
 
 
 def test_client_refuses_parameters_it_cannot_load(flower, artifacts):

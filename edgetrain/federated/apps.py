@@ -16,8 +16,9 @@ import numpy as np
 import psutil
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import fixedclipping_mod
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAdam, FedAvg, FedProx
+from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedAdam, FedAvg, FedProx
 
 from ..errors import InputError
 from .core import (
@@ -38,7 +39,7 @@ DEFAULTS = {                      # the app's run config; pyproject.toml repeats
     "artifacts-dir": "", "checkpoint": "", "resume": True, "num-server-rounds": 3, "strategy": "fedavg",
     "local-epochs": 1, "batch-size": 32, "learning-rate": 0.0, "proximal-mu": 0.01, "server-lr": 0.01,
     "fraction-train": 1.0, "fraction-evaluate": 0.0, "min-nodes": 2, "min-available-nodes": 0, "round-timeout": 120.0, "straggler-grace": 30.0,
-    "central-eval": "digits", "data": "digits", "partition-id": 0, "num-partitions": 1, "dirichlet-alpha": 0.5,
+    "dp-clipping-norm": 0.0, "dp-noise-multiplier": 0.0, "central-eval": "digits", "data": "digits", "partition-id": 0, "num-partitions": 1, "dirichlet-alpha": 0.5,
     "seed": 0,
 }
 
@@ -89,7 +90,18 @@ def parameters_record(values: np.ndarray) -> ArrayRecord:
     return ArrayRecord({PARAMETERS_KEY: Array(np.ascontiguousarray(values))})
 
 
-clientapp = ClientApp()
+def dp_clipping(msg: Message, context: Context, call_next) -> Message:
+    """Flower's client-side fixed clipping (the update's L2 norm clipped to the server's ``clipping_norm``) for
+    the rounds of a server that asks for it (``dp-clipping-norm`` > 0); other messages pass untouched, so one
+    ClientApp serves runs with and without differential privacy."""
+    configs = list(msg.content.config_records.values()) if msg.has_content() else []
+    if msg.metadata.message_type == "train" and configs and CLIPPING_NORM in configs[0]:
+        return fixedclipping_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+CLIPPING_NORM = "clipping_norm"      # the key Flower's DifferentialPrivacyClientSide* strategies send
+clientapp = ClientApp(mods=[dp_clipping])
 
 
 @clientapp.train()
@@ -140,7 +152,17 @@ def make_strategy(config: dict):
     name = str(config["strategy"]).lower()
     if name not in table:
         raise InputError(f"strategy '{config['strategy']}' is not supported; supported: {', '.join(sorted(table))}")
-    return table[name]()
+    strategy = table[name]()
+    clip = float(config["dp-clipping-norm"])
+    if clip > 0:        # client-side clipping (the dp_clipping mod), Gaussian noise added to the aggregate here
+        strategy = DifferentialPrivacyClientSideFixedClipping(strategy, float(config["dp-noise-multiplier"]), clip,
+                                                              num_sampled_clients=nodes)
+    return strategy
+
+
+def inner(strategy):
+    """The strategy a DP wrapper wraps (its sampling and record keys), or the strategy itself."""
+    return getattr(strategy, "strategy", strategy)
 
 
 def screen_replies(replies: list[Message], size: int, dtype) -> tuple[list[Message], list[tuple[int, str]]]:
@@ -221,12 +243,12 @@ def run_server(grid: Grid, config: dict) -> list[dict]:
         t0 = time.perf_counter()
         arrays = parameters_record(model.parameters())
         sent = list(strategy.configure_train(rnd, arrays, ConfigRecord(), grid))
-        replies = collect(grid, sent, timeout, strategy.min_train_nodes, grace)
+        replies = collect(grid, sent, timeout, inner(strategy).min_train_nodes, grace)
         t_train = time.perf_counter() - t0
         good, dropped = screen_replies(replies, model.size, model.dtype)
         line = {"round": rnd, "sent": len(sent), "replies": len(replies), "aggregated": len(good),
                 "dropped": [f"node {n}: {r}" for n, r in dropped],
-                "bytes-down": sum(len(m.content[strategy.arrayrecord_key][PARAMETERS_KEY].data) for m in sent),
+                "bytes-down": sum(len(m.content[inner(strategy).arrayrecord_key][PARAMETERS_KEY].data) for m in sent),
                 "bytes-up": sum(len(r.content.array_records[k][PARAMETERS_KEY].data) for r in good
                                 for k in r.content.array_records)}
         aggregated, train_metrics = strategy.aggregate_train(rnd, good) if good else (None, None)
@@ -236,9 +258,9 @@ def run_server(grid: Grid, config: dict) -> list[dict]:
             log.warning("round %d: no reply fit to average; the global model is unchanged", rnd)
         line.update({k: float(v) for k, v in (train_metrics or {}).items()})
         t1 = time.perf_counter()
-        if strategy.fraction_evaluate > 0:
+        if inner(strategy).fraction_evaluate > 0:
             asked = list(strategy.configure_evaluate(rnd, parameters_record(model.parameters()), ConfigRecord(), grid))
-            answers = [m for m in collect(grid, asked, timeout, strategy.min_evaluate_nodes, grace)
+            answers = [m for m in collect(grid, asked, timeout, inner(strategy).min_evaluate_nodes, grace)
                        if not m.has_error()]
             fed = strategy.aggregate_evaluate(rnd, answers) if answers else None
             line.update({f"federated-{k}": float(v) for k, v in (fed or {}).items()})
