@@ -268,9 +268,10 @@ def test_loopback_federation_matches_numpy_fedavg(flower, artifacts, tmp_path):
 
 
 def _cmdline(proc) -> str:
+    import psutil
     try:
         return " ".join(proc.cmdline())
-    except Exception:            # gone or a zombie between listing and reading (psutil.Error)
+    except psutil.Error:         # gone, or a zombie, between listing and reading
         return ""
 
 
@@ -296,3 +297,18 @@ def test_loopback_client_killed_mid_round_leaves_the_others_to_finish_it(flower,
     assert status == "finished:completed"
     line = read_history(tmp_path / "global.history.jsonl")[-1]
     assert line["round"] == 1 and line["sent"] == 3 and line["aggregated"] == 2, json.dumps(line)
+
+
+def test_app_pyproject_is_a_valid_flower_app_whose_config_matches_the_defaults(flower, capsys):
+    import tomllib
+    from flwr.common.config import validate_config
+
+    from edgetrain.cli import main
+    from edgetrain.federated import APP_DIR
+
+    config = tomllib.loads((APP_DIR / "pyproject.toml").read_text())
+    ok, errors, _ = validate_config(config, check_module=True, project_dir=APP_DIR)
+    assert ok, errors
+    assert config["tool"]["flwr"]["app"]["config"] == flower.DEFAULTS
+    assert main(["federated", "app"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == str(APP_DIR)

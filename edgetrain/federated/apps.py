@@ -141,9 +141,9 @@ def make_strategy(config: dict):
     """FedAvg (default), FedProx or FedAdam from the run config; all weigh replies by ``num-examples``."""
     nodes = int(config["min-nodes"])
     available = max(nodes, int(config["min-available-nodes"]))     # rounds start once this many are connected
-    common = dict(fraction_train=float(config["fraction-train"]), fraction_evaluate=float(config["fraction-evaluate"]),
-                  min_train_nodes=nodes, min_evaluate_nodes=nodes, min_available_nodes=available,
-                  weighted_by_key=WEIGHT_KEY)
+    common = {"fraction_train": float(config["fraction-train"]),
+              "fraction_evaluate": float(config["fraction-evaluate"]), "min_train_nodes": nodes,
+              "min_evaluate_nodes": nodes, "min_available_nodes": available, "weighted_by_key": WEIGHT_KEY}
     table = {
         "fedavg": lambda: FedAvg(**common),
         "fedprox": lambda: FedProx(**common, proximal_mu=float(config["proximal-mu"])),

@@ -102,7 +102,7 @@ class LocalNode:
         self.train_arrays, self.test_arrays = list(train_arrays), test_arrays
         self.size = self.module.get_parameters_size(trainable_only=True)
         self.dtype = np.dtype(self.module.get_contiguous_parameters(trainable_only=True).dtype)
-        self.loss_kind = self.state.properties[LOSS_PROPERTY] if LOSS_PROPERTY in self.state.properties else None
+        self.loss_kind = dict(self.state.properties).get(LOSS_PROPERTY)
 
     def load(self, parameters: np.ndarray) -> None:
         reason = check_parameters(parameters, self.size, self.dtype)
@@ -166,7 +166,7 @@ class GlobalModel:
             else 0
         self.size = self.module.get_parameters_size(trainable_only=True)
         self.dtype = np.dtype(self.module.get_contiguous_parameters(trainable_only=True).dtype)
-        self.loss_kind = self.state.properties[LOSS_PROPERTY] if LOSS_PROPERTY in self.state.properties else None
+        self.loss_kind = dict(self.state.properties).get(LOSS_PROPERTY)
 
     def parameters(self) -> np.ndarray:
         return np.asarray(self.module.get_contiguous_parameters(trainable_only=True).numpy())

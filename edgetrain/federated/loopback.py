@@ -148,7 +148,7 @@ class Federation:
     # -- runs ---------------------------------------------------------------------------------------------
     def _flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([_tool("flwr"), *args], env=self.env, cwd=self.folder, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+                              timeout=timeout, stdin=subprocess.DEVNULL, check=False)
 
     def _dead(self) -> list[str]:
         return [n for n, p in self.procs.items() if n == "superlink" and p.poll() is not None]
