@@ -45,13 +45,18 @@ def _app(args) -> int:
     print(APP_DIR)
     print(f"""
 # on every machine: pip install 'edgetrain[federated]' and copy the training artifacts (edgetrain artifacts ...)
-export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1     # then each server below in its own terminal
 flower-superlink --insecure --disable-runtime-dependency-installation --host 127.0.0.1 --port 9093
 flower-supernode --insecure --superlink 127.0.0.1:9093 --port 9094 --node-config 'partition-id=0 num-partitions=2'
 flower-supernode --insecure --superlink 127.0.0.1:9093 --port 9095 --node-config 'partition-id=1 num-partitions=2'
-# $FLWR_HOME/config.toml: [superlink] default = "local-link"; [superlink.local-link] address = "127.0.0.1:9093",
-# insecure = true
-flwr run {APP_DIR} --run-config 'artifacts-dir="/path/to/artifacts" num-server-rounds=5'
+mkdir -p "${{FLWR_HOME:-$HOME/.flwr}}" && cat > "${{FLWR_HOME:-$HOME/.flwr}}/config.toml" <<'EOF'
+[superlink]
+default = "link"
+[superlink.link]
+address = "127.0.0.1:9093"
+insecure = true
+EOF
+flwr run {APP_DIR} --run-config 'artifacts-dir="/path/to/artifacts" num-server-rounds=5' --format json
 flwr list --run-id RUN_ID      # the final status (flwr run's exit code does not say how the run ended)""")
     return 0
 
