@@ -72,10 +72,11 @@ def _run_demo(args, folder: Path) -> int:
     from ..errors import InputError
     from ..federated import APP_DIR
     from ..federated.core import make_digits_artifacts, read_history
-    from ..federated.loopback import Federation
+    from ..federated.loopback import Federation, require_flower
 
     if args.clients < 1 or args.rounds < 1:
         raise InputError("--clients and --rounds must be >= 1")
+    require_flower()
     artifacts = make_digits_artifacts(folder / "artifacts")
     checkpoint = folder / "global_checkpoint"
     nodes = [{"partition-id": i, "num-partitions": args.clients} for i in range(args.clients)]

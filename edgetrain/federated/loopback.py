@@ -51,6 +51,12 @@ def _tool(name: str) -> str:
     return found
 
 
+def require_flower() -> None:
+    """Fail early, naming the extra, where Flower's executables are missing."""
+    for name in ("flower-superlink", "flower-supernode", "flwr"):
+        _tool(name)
+
+
 def _toml_value(value) -> str:
     return json.dumps(value) if isinstance(value, str) else ("true" if value is True else "false"
                                                            if value is False else repr(value))
