@@ -89,13 +89,14 @@ def flower():
 class LocalGrid:
     """A Grid that answers each message by calling the ClientApp with the context of the node it is addressed to."""
 
-    def __init__(self, apps, artifacts, nodes: int, faults: dict | None = None):
+    def __init__(self, apps, artifacts, nodes: int, faults: dict | None = None, node_configs=None):
         from flwr.app import Context, RecordDict
 
         self.apps, self.faults = apps, faults or {}
-        self.contexts = {100 + i: Context(1, 100 + i, {"partition-id": i, "num-partitions": nodes}, RecordDict(),
+        node_configs = node_configs or [{"partition-id": i, "num-partitions": nodes} for i in range(nodes)]
+        self.contexts = {100 + i: Context(1, 100 + i, config, RecordDict(),
                                           {"artifacts-dir": str(artifacts), "learning-rate": LR})
-                         for i in range(nodes)}
+                         for i, config in enumerate(node_configs)}
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -222,6 +223,25 @@ def test_client_side_dp_clips_each_update_and_the_server_adds_noise(flower, arti
     noise = GlobalModel(artifacts, tmp_path / "noise" / "global").parameters() - expected
     # Gaussian noise of std noise-multiplier x clipping norm / sampled clients on every parameter
     assert abs(noise.std() - 1.0 * clip / 2) < 0.05 * clip / 2 and abs(noise.mean()) < 0.01
+
+
+def test_nodes_with_npz_data_train_and_evaluate_federatedly(flower, artifacts, tmp_path):
+    from edgetrain.data import digits
+
+    x, y = digits()
+    files = []
+    for i, rows in enumerate((slice(0, 300), slice(300, 500))):
+        files.append(tmp_path / f"node{i}.npz")
+        np.savez(files[-1], input=x[rows], labels=y[rows])
+    grid = LocalGrid(flower, artifacts, 2, node_configs=[{"data": str(f), "partition-id": i}
+                                                         for i, f in enumerate(files)])
+    lines = flower.run_server(grid, server_config(artifacts, tmp_path, **{"num-server-rounds": 1,
+                                                                          "fraction-evaluate": 1.0}))
+    assert lines[1]["aggregated"] == 2
+    # federated evaluation: each node's loss on its own data, averaged by sample count
+    model = GlobalModel(artifacts, tmp_path / "global")
+    losses = [model.evaluate([x[r], y[r]], 32)["loss"] for r in (slice(0, 300), slice(300, 500))]
+    assert lines[1]["federated-eval-loss"] == pytest.approx(np.average(losses, weights=[300, 200]), rel=1e-5)
 
 
 def test_client_refuses_parameters_it_cannot_load(flower, artifacts):

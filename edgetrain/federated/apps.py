@@ -64,6 +64,7 @@ def open_node(context: Context) -> LocalNode:
         return LocalNode(folder, train, test)
     node = LocalNode(folder, [])
     node.train_arrays = load_npz(data, node.module.input_names())
+    node.test_arrays = node.train_arrays          # federated evaluation of an .npz node: on its own data
     return node
 
 
@@ -252,10 +253,13 @@ def run_server(grid: Grid, config: dict) -> list[dict]:
                 "bytes-up": sum(len(r.content.array_records[k][PARAMETERS_KEY].data) for r in good
                                 for k in r.content.array_records)}
         aggregated, train_metrics = strategy.aggregate_train(rnd, good) if good else (None, None)
-        if aggregated is not None:
+        try:
+            if aggregated is None:
+                raise InputError("no reply fit to average")
             model.update(np.asarray(aggregated[PARAMETERS_KEY].numpy(), dtype=model.dtype))
-        else:
-            log.warning("round %d: no reply fit to average; the global model is unchanged", rnd)
+        except InputError as e:          # e.g. a server optimizer (FedAdam) that diverged to inf
+            log.warning("round %d: %s; the global model is unchanged", rnd, e)
+            line["not-updated"] = str(e)
         line.update({k: float(v) for k, v in (train_metrics or {}).items()})
         t1 = time.perf_counter()
         if inner(strategy).fraction_evaluate > 0:
