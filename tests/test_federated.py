@@ -222,7 +222,8 @@ def test_client_side_dp_clips_each_update_and_the_server_adds_noise(flower, arti
     flower.run_server(LocalGrid(flower, artifacts, 2), noisy)
     noise = GlobalModel(artifacts, tmp_path / "noise" / "global").parameters() - expected
     # Gaussian noise of std noise-multiplier x clipping norm / sampled clients on every parameter
-    assert abs(noise.std() - 1.0 * clip / 2) < 0.05 * clip / 2 and abs(noise.mean()) < 0.01
+    # (bounds at ~4 standard errors of a 2,410-sample estimate: std error 1.4% of sigma, mean 0.005)
+    assert abs(noise.std() - 1.0 * clip / 2) < 0.06 * clip / 2 and abs(noise.mean()) < 0.025
 
 
 def test_nodes_with_npz_data_train_and_evaluate_federatedly(flower, artifacts, tmp_path):
