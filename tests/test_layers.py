@@ -22,6 +22,7 @@ LAYERS = [
     {"session"},
     {"api", "forward_backward"},
     {"trainer", "profiling", "timeline", "data", "estimators", "torch"},
+    {"federated"},
     {"cli", "minimal_build", "trimmed", "__init__", "__main__"},   # trimmed: minimal_build/device_build.py, shipped
 ]
 LAYER = {unit: k for k, units in enumerate(LAYERS) for unit in units}
