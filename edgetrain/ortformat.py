@@ -30,6 +30,8 @@ ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4,
             17: 1, 18: 1, 19: 1, 20: 1}
 STRING = 8
 MAX_NDIM = 64
+_READ_ATTRIBUTES = (S.ATTR_FLOAT, S.ATTR_INT, S.ATTR_STRING, S.ATTR_TENSOR, S.ATTR_FLOATS, S.ATTR_INTS, S.ATTR_STRINGS,
+                    S.ATTR_TENSORS)
 _SCALAR_VECTORS = {"int64": 8, "int32": 4, "float32": 4}
 
 
@@ -130,6 +132,8 @@ class _Reader:
         name = t.string(A.name, f"name of attribute of {what}") or ""
         where = f"attribute '{name}' of {what}"
         kind = t.scalar(A.type, "i32", 0)
+        if kind not in _READ_ATTRIBUTES:
+            self.fail(f"{where} has type {kind}: graphs, sparse tensors and undefined attributes are not read")
         a = onnx.AttributeProto(name=name, type=kind)
         if kind == S.ATTR_FLOAT:
             a.f = t.scalar(A.f, "f32", 0.0)
@@ -150,8 +154,6 @@ class _Reader:
             a.strings.extend(s.encode() for s in self.strings(t, A.strings, where))
         elif kind == S.ATTR_TENSORS:
             a.tensors.extend(self.tensor(x, where) for x in t.tables(A.tensors, where))
-        else:
-            self.fail(f"{where} has type {kind}: graphs, sparse tensors and undefined attributes are not read")
         return a
 
     def node(self, t: Table, k: int) -> tuple[int, onnx.NodeProto]:

@@ -258,8 +258,9 @@ def _graph(w: _Writer, g: onnx.GraphProto, opsets: dict[str, int], resolver: dic
     for vi in list(g.input) + list(g.value_info) + list(g.output):
         if vi.type.WhichOneof("value") is not None:
             types[vi.name] = vi.type
+    # "" (an omitted optional argument) is a node arg too: ORT looks every name a node lists up among them
     names = list(dict.fromkeys([vi.name for vi in g.input] + [t.name for t in g.initializer]
-                               + [x for n in g.node for x in list(n.input) + list(n.output) if x]
+                               + [x for n in g.node for x in list(n.input) + list(n.output)]
                                + [vi.name for vi in g.output]))
     args = []
     for name in names:
