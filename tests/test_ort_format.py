@@ -34,6 +34,14 @@ def facts(path):
         n = g.Nodes(i)
         counts = n.InputArgCountsAsNumpy().tolist() if n.InputArgCountsLength() else []
         nodes[n.Name().decode()] = [n.Domain().decode(), n.OpType().decode(), n.SinceVersion(), counts]
+    names = {g.Nodes(i).Index(): g.Nodes(i).Name().decode() for i in range(g.NodesLength())}
+    edges = {}
+    for i in range(g.NodeEdgesLength()):
+        e = g.NodeEdges(i)
+        ends = lambda get, n: sorted([names[get(k).NodeIndex()], get(k).SrcArgIndex(), get(k).DstArgIndex()]
+                                     for k in range(n))
+        edges[names[e.NodeIndex()]] = [ends(e.InputEdges, e.InputEdgesLength()),
+                                       ends(e.OutputEdges, e.OutputEdgesLength())]
     r = s.KernelTypeStrResolver()
     resolver = {}
     for i in range(r.OpKernelTypeStrArgsLength()):
@@ -42,7 +50,7 @@ def facts(path):
                                         [[e.KernelTypeStrArgs(j).Args(k).ArgType(), e.KernelTypeStrArgs(j).Args(k).Index()]
                                          for k in range(e.KernelTypeStrArgs(j).ArgsLength())]]
                                        for j in range(e.KernelTypeStrArgsLength())]
-    return {"nodes": nodes, "resolver": resolver, "version": s.OrtVersion().decode()}
+    return {"nodes": nodes, "edges": edges, "resolver": resolver, "version": s.OrtVersion().decode()}
 
 d = ARGS["dir"]
 for name in ARGS["models"]:
@@ -115,6 +123,7 @@ def test_ort_1192_loads_and_trains_edgetrain_ort_artifacts(ort, shared, tmp_path
         # the same resolver entries, in the same (key-sorted) order, as ORT computes from its op schemas
         assert ours["resolver"] == theirs["resolver"], name
         assert ours["nodes"] == theirs["nodes"], name
+        assert ours["edges"] == theirs["edges"], name
     ops = {op_id.split(":")[0] for op_id in out["training_model"]["ours"]["resolver"]}
     assert "com.microsoft" in ops
     if model == "digits":
@@ -245,3 +254,17 @@ def test_ops_without_a_known_schema_are_refused_by_name():
     assert formal_params("", "Gemm", 17)[:3] == (13, ("T", "T", "T"), ("T",))
     assert formal_params("com.microsoft", "InPlaceAccumulatorV2", 1)[1:3] == (("T", "T_GRAD", "T_BOOL"),
                                                                               ("T_BOOL", "T"))
+
+
+@pytest.mark.ort119
+@pytest.mark.slow
+def test_the_schema_table_is_what_ort_1192_writes(ort):
+    import importlib.util
+    from pathlib import Path
+
+    from edgetrain.ort_schemas import ORT_SCHEMAS
+    spec = importlib.util.spec_from_file_location("ort_schemas_tool",
+                                                  Path(__file__).resolve().parents[1] / "tools" / "ort_schemas.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.harvest() == ORT_SCHEMAS
