@@ -247,28 +247,56 @@ def _opsets(model: onnx.ModelProto) -> dict[str, int]:
     return {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
 
 
+_CONSTANT_VALUES = {       # Constant's value attributes -> (element type, scalar?)
+    "value_float": (onnx.TensorProto.FLOAT, True), "value_floats": (onnx.TensorProto.FLOAT, False),
+    "value_int": (onnx.TensorProto.INT64, True), "value_ints": (onnx.TensorProto.INT64, False)}
+
+
+def _constant_tensor(node: onnx.NodeProto, where: str) -> onnx.TensorProto:
+    """The initializer a Constant node stands for: ORT turns Constant nodes into initializers when it loads an
+    ONNX model and has no Constant kernel, so an ORT-format file holds them as initializers."""
+    if len(node.attribute) != 1 or len(node.output) != 1:
+        raise OrtFormatError(f"{where}: a Constant node takes exactly one value attribute and one output")
+    a = node.attribute[0]
+    if a.name == "value":
+        t = onnx.TensorProto()
+        t.CopyFrom(a.t)
+    elif a.name in _CONSTANT_VALUES:
+        elem, scalar = _CONSTANT_VALUES[a.name]
+        value = onnx.helper.get_attribute_value(a)
+        t = onnx.helper.make_tensor("", elem, [] if scalar else [len(value)], [value] if scalar else value)
+    else:
+        raise OrtFormatError(f"{where}: Constant attribute '{a.name}' is not written (string and sparse values)")
+    t.name = node.output[0]
+    return t
+
+
 def _graph(w: _Writer, g: onnx.GraphProto, opsets: dict[str, int], resolver: dict) -> int:
     if not g.node and not g.output:
         raise OrtFormatError(f"graph '{g.name}' is empty")
     where = f"graph '{g.name}'"
+    constants = [_constant_tensor(n, f"{where}, node '{n.name}'") for n in g.node
+                 if n.op_type == "Constant" and n.domain in ("", "ai.onnx")]
+    nodes_in = [n for n in g.node if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx"))]
+    initializers = list(g.initializer) + constants
     # node args: every value with a type, initializers typed by their data
     types: dict[str, onnx.TypeProto] = {}
-    for t in g.initializer:
+    for t in initializers:
         types[t.name] = _tensor_type_proto(t)
     for vi in list(g.input) + list(g.value_info) + list(g.output):
         if vi.type.WhichOneof("value") is not None:
             types[vi.name] = vi.type
     # "" (an omitted optional argument) is a node arg too: ORT looks every name a node lists up among them
-    names = list(dict.fromkeys([vi.name for vi in g.input] + [t.name for t in g.initializer]
-                               + [x for n in g.node for x in list(n.input) + list(n.output)]
+    names = list(dict.fromkeys([vi.name for vi in g.input] + [t.name for t in initializers]
+                               + [x for n in nodes_in for x in list(n.input) + list(n.output)]
                                + [vi.name for vi in g.output]))
     args = []
     for name in names:
         ti = _type_info(w, types[name], f"{where}, value '{name}'") if name in types else None
         args.append(w.table(3, [("off", S.ValueInfo.name, w.string(name), 0), ("off", S.ValueInfo.type, ti, 0)]))
-    inits = [_tensor(w, t, "initializer") for t in g.initializer]
+    inits = [_tensor(w, t, "initializer") for t in initializers]
     nodes = []
-    for k, n in enumerate(g.node):
+    for k, n in enumerate(nodes_in):
         domain = "" if n.domain == "ai.onnx" else n.domain
         if domain not in opsets:
             raise OrtFormatError(f"node '{n.name}' ({n.op_type}) is in domain '{domain}', which the model does "
@@ -290,7 +318,7 @@ def _graph(w: _Writer, g: onnx.GraphProto, opsets: dict[str, int], resolver: dic
             ("off", S.Node.attributes, attrs, 0), ("off", S.Node.input_arg_counts, counts, 0),
             ("off", S.Node.implicit_inputs, w.offsets([]), 0)]))
     edges = []
-    for k, (ins_e, outs_e) in enumerate(_edges(g.node)):
+    for k, (ins_e, outs_e) in enumerate(_edges(nodes_in)):
         iv, ov = _edge_vector(w, ins_e), _edge_vector(w, outs_e)
         edges.append(w.table(3, [("Uint32", S.NodeEdge.node_index, k, 0), ("off", S.NodeEdge.input_edges, iv, 0),
                                  ("off", S.NodeEdge.output_edges, ov, 0)]))
@@ -299,7 +327,7 @@ def _graph(w: _Writer, g: onnx.GraphProto, opsets: dict[str, int], resolver: dic
                S.Graph.inputs: w.strings([vi.name for vi in g.input]),
                S.Graph.outputs: w.strings([vi.name for vi in g.output])}
     rows = [("off", fid, off, 0) for fid, off in vectors.items()]
-    rows.append(("Uint32", S.Graph.max_node_index, len(g.node), 0))
+    rows.append(("Uint32", S.Graph.max_node_index, len(nodes_in), 0))
     return w.table(9, rows)
 
 

@@ -78,7 +78,9 @@ for ext in (".onnx", ".ort"):
 
 def _batch(model: str):
     rng = np.random.default_rng(0)
-    shape = {"digits": (6, 64), "cnn": (32, 1, 28, 28)}[model]
+    if model == "transformer":      # token ids < 100, 4 classes
+        return rng.integers(0, 100, (8, 32)).astype(np.int64), rng.integers(0, 4, (8,)).astype(np.int64)
+    shape = {"digits": (6, 64), "cnn": (32, 1, 28, 28), "mobilenet": (16, 3, 32, 32)}[model]
     return rng.standard_normal(shape, dtype=np.float32), rng.integers(0, 10, (shape[0],)).astype(np.int64)
 
 
@@ -106,7 +108,7 @@ def _edgetrain_losses(folder, ext: str, x, y, train_name="training_model", eval_
 
 
 @pytest.mark.ort119
-@pytest.mark.parametrize("model", ["digits", "cnn"])
+@pytest.mark.parametrize("model", ["digits", "cnn", "mobilenet", "transformer"])
 def test_ort_1192_loads_and_trains_edgetrain_ort_artifacts(ort, shared, tmp_path, model):
     _generate(shared, model, tmp_path, ort_format=True)
     for name in MODELS:
