@@ -23,7 +23,7 @@ from . import budget
 from . import ortformat_schema as S
 from .checkpoint.state import CheckpointError
 from .checkpoint.verify import Buffer, Table
-from .errors import EdgetrainError, ModelLoadError
+from .errors import EdgetrainError, MemoryBudgetError, ModelLoadError
 
 # bytes per element of each ONNX element type (STRING has none: its data are strings)
 ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2,
@@ -289,8 +289,10 @@ def to_model_proto(data, source: str = "<bytes>", max_memory: int | None = None)
         return _Reader(data, limit).model()
     except CheckpointError as e:
         raise ModelLoadError(f"ORT-format model '{source}': {e}") from None
-    except EdgetrainError as e:
-        raise type(e)(f"ORT-format model '{source}': {e}") from None
+    except MemoryBudgetError as e:
+        raise MemoryBudgetError(f"ORT-format model '{source}': {e}") from None
+    except EdgetrainError as e:     # a shape beyond any memory, ...: the file is wrong
+        raise ModelLoadError(f"ORT-format model '{source}': {e}") from None
     except (struct.error, ValueError, IndexError, OverflowError, MemoryError, TypeError) as e:
         # a safety net: the checks above should have caught this first
         raise ModelLoadError(f"ORT-format model '{source}': malformed (a check was missed: "

@@ -199,55 +199,18 @@ def test_the_base_models_opset_is_kept(shared, tmp_path):
     assert read[""] == base.get("", base.get("ai.onnx"))
 
 
-def test_truncated_and_corrupted_files_are_refused_cleanly(shared, tmp_path):
+def test_truncated_files_and_other_versions_are_refused_cleanly(shared, tmp_path):
+    # (tests/security/test_ort_hostile.py fuzzes a small model byte by byte)
     _generate(shared, "digits", tmp_path)
     data = to_ort_bytes(onnx.load(tmp_path / "training_model.onnx"))
-    whole = to_model_proto(data, "whole")
-    with pytest.raises(ModelLoadError, match="empty"):
-        load_model(b"")
-    cuts = list(range(1, 64, 3)) + list(np.linspace(64, len(data) - 1, 40).astype(int))
-    refused = 0
-    for cut in cuts:
-        try:
-            read = to_model_proto(data[:cut], "cut")
-        except ModelLoadError as e:
-            assert "ORT-format model 'cut'" in str(e) and "a check was missed" not in str(e)
-            refused += 1
-        else:       # only trailing padding was cut: nothing the reader needs is missing
-            assert read == whole and cut > len(data) - 8
-    assert refused >= len(cuts) - 1
-    rng = np.random.default_rng(1)
-    refused = 0
-    for _ in range(300):
-        bad = bytearray(data)
-        for pos in rng.integers(0, len(bad), 3):
-            bad[pos] = int(rng.integers(0, 256))
-        try:
-            to_model_proto(bytes(bad), "flipped")
-        except EdgetrainError as e:
-            assert "a check was missed" not in str(e)
-            assert "flipped" in str(e)
-            refused += 1
-    assert refused > 0
+    for cut in np.linspace(1, len(data) - 8, 40).astype(int):
+        with pytest.raises(ModelLoadError, match="ORT-format model 'cut'"):
+            to_model_proto(data[:cut], "cut")
     wrong_version = data.replace(b"\x01\x00\x00\x006\x00", b"\x01\x00\x00\x009\x00", 1)
     with pytest.raises(ModelLoadError, match="version '9'"):
         to_model_proto(wrong_version, "v9")
     with pytest.raises(ModelLoadError, match="file identifier"):
         to_model_proto(data[:4] + b"ODTC" + data[8:], "ckpt")
-
-
-def test_declared_sizes_are_checked_before_allocation():
-    big = onnx.helper.make_tensor("w", onnx.TensorProto.FLOAT, [4], [1.0, 2.0, 3.0, 4.0])
-    g = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["w"], ["y"])], "g", [],
-                               [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])], [big])
-    data = bytearray(to_ort_bytes(onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])))
-    # forge the dims vector [4] into [2**40]: the data no longer match, and the size is over any budget
-    i = data.find((4).to_bytes(8, "little"))
-    data[i:i + 8] = (2 ** 40).to_bytes(8, "little")
-    with pytest.raises(EdgetrainError, match=r"initializer 'w'.*(budget|bytes of data)"):
-        to_model_proto(bytes(data), "forged", max_memory=1 << 20)
-    with pytest.raises(EdgetrainError, match=r"initializer 'w' has dims \[1099511627776\].*but 16 bytes of data"):
-        to_model_proto(bytes(data), "forged", max_memory=1 << 50)
 
 
 def test_ops_without_a_known_schema_are_refused_by_name():
