@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from edgetrain import api, artifacts, checkpoint
-from edgetrain.errors import EdgetrainError, ModelLoadError
+from edgetrain.errors import ModelLoadError
 from edgetrain.onnx_io import load_model
 from edgetrain.ortformat import to_model_proto
 from edgetrain.ortformat_writer import OrtFormatError, formal_params, to_ort_bytes
@@ -46,10 +46,10 @@ def facts(path):
     resolver = {}
     for i in range(r.OpKernelTypeStrArgsLength()):
         e = r.OpKernelTypeStrArgs(i)
-        resolver[e.OpId().decode()] = [[e.KernelTypeStrArgs(j).KernelTypeStr().decode(),
-                                        [[e.KernelTypeStrArgs(j).Args(k).ArgType(), e.KernelTypeStrArgs(j).Args(k).Index()]
-                                         for k in range(e.KernelTypeStrArgs(j).ArgsLength())]]
-                                       for j in range(e.KernelTypeStrArgsLength())]
+        entries = [e.KernelTypeStrArgs(j) for j in range(e.KernelTypeStrArgsLength())]
+        resolver[e.OpId().decode()] = [[k.KernelTypeStr().decode(),
+                                        [[k.Args(m).ArgType(), k.Args(m).Index()] for m in range(k.ArgsLength())]]
+                                       for k in entries]
     return {"nodes": nodes, "edges": edges, "resolver": resolver, "version": s.OrtVersion().decode()}
 
 d = ARGS["dir"]
@@ -185,7 +185,8 @@ def test_ort_bytes_round_trip_through_the_reader(shared, tmp_path):
         back = to_model_proto(to_ort_bytes(proto), name)
         onnx.checker.check_model(back)
         assert back.graph.node == proto.graph.node
-        assert {(o.domain, o.version) for o in back.opset_import} == {(o.domain, o.version) for o in proto.opset_import}
+        assert ({(o.domain, o.version) for o in back.opset_import}
+                == {(o.domain, o.version) for o in proto.opset_import})
         assert [i.name for i in back.graph.input] == [i.name for i in proto.graph.input]
         assert [i.type for i in back.graph.input] == [i.type for i in proto.graph.input]
         for a, b in zip(back.graph.initializer, proto.graph.initializer):
