@@ -16,6 +16,7 @@ from edgetrain.errors import ModelLoadError
 from edgetrain.onnx_io import load_model
 from edgetrain.ortformat import to_model_proto
 from edgetrain.ortformat_writer import OrtFormatError, formal_params, to_ort_bytes
+from edgetrain.trainer import open_artifacts
 
 STEPS = 3
 MODELS = ("training_model", "eval_model", "optimizer_model")
@@ -176,6 +177,16 @@ def test_edgetrain_reads_and_trains_ort_files_written_by_ort_1192(ort, shared, t
     ours = _edgetrain_losses(tmp_path, ".basic.ort", x, y)
     np.testing.assert_allclose(ours, out["losses"], rtol=1e-4)
     np.testing.assert_array_equal(ours, _edgetrain_losses(tmp_path, ".onnx", x, y))
+
+
+def test_a_folder_of_ort_artifacts_trains(shared, tmp_path):
+    _generate(shared, "digits", tmp_path, ort_format=True)
+    x, y = _batch("digits")
+    expected = _edgetrain_losses(tmp_path, ".onnx", x, y)
+    for name in MODELS:
+        (tmp_path / f"{name}.onnx").unlink()
+    state, module, optimizer = open_artifacts(tmp_path)
+    assert module(x, y) == pytest.approx(expected[0], rel=1e-6)
 
 
 def test_ort_bytes_round_trip_through_the_reader(shared, tmp_path):
