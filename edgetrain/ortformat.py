@@ -79,7 +79,9 @@ class _Reader:
                 self.fail(f"{what} has dims {dims} but {len(proto.string_data)} strings")
             return proto
         if data_type not in ITEMSIZE:
-            self.fail(f"{what} has element type {data_type}, which ONNX does not define")
+            self.fail(f"{what} has element type {data_type}, which edgetrain does not read")
+        if t.scalar(S.Tensor.external_data_offset, "i64", -1) != S.Tensor.EXTERNAL_DATA_OFFSET_DEFAULT:
+            self.fail(f"{what} keeps its data in an external file, which edgetrain does not read")
         nbytes = budget.checked_shape(dims, ITEMSIZE[data_type], what)
         budget.check(nbytes, self.max_memory, what)
         raw = t.vector(S.Tensor.raw_data, 1, f"data of {what}")

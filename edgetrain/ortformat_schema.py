@@ -74,7 +74,8 @@ class OperatorSetId:
 
 
 class Tensor:
-    name, doc_string, dims, data_type, raw_data, string_data = range(6)
+    name, doc_string, dims, data_type, raw_data, string_data, external_data_offset = range(7)
+    EXTERNAL_DATA_OFFSET_DEFAULT = -1     # -1: the data are inline
 
 
 class Attribute:

@@ -145,7 +145,7 @@ def _tensor(w: _Writer, t: onnx.TensorProto, where: str) -> int:
     name = w.string(t.name)
     dims = w.scalars(list(t.dims), "int64")
     raw = w.raw(data)
-    return w.table(6, [("off", S.Tensor.name, name, 0), ("off", S.Tensor.dims, dims, 0),
+    return w.table(7, [("off", S.Tensor.name, name, 0), ("off", S.Tensor.dims, dims, 0),
                        ("Int32", S.Tensor.data_type, int(t.data_type), 0), ("off", S.Tensor.raw_data, raw, 0)])
 
 
