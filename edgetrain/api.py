@@ -17,6 +17,7 @@ from .ops import node_attr
 from .ortvalue import OrtValue, as_array
 from .plan import make_plan
 from .runtime import Program
+from .runtime.export import export as export_inference_model
 from .runtime.program import aligned_empty
 from .runtime.state import StateStore, planned_nbytes
 from .runtime.step import TrainingStep, check_loss, check_writes
@@ -505,20 +506,8 @@ class Module:
         """The eval model with the current parameters as initializers, pruned to ``graph_output_names``."""
         if self._eval is None:
             raise EdgetrainError("export_model_for_inferencing needs the eval model: pass eval_model_uri to Module")
-        from .autodiff.training import inference_graph
-        try:
-            from .onnx_io import from_graph, save_model
-        except ImportError as e:     # a device with only compact models and no onnx package
-            raise EdgetrainError(f"export_model_for_inferencing writes an ONNX model and needs the onnx package "
-                                 f"({e}); install it, or export on a host from a saved checkpoint") from None
-        g = self._eval.graph
-        known = {o for n in g.nodes for o in n.outputs} | {v.name for v in g.inputs}
-        missing = [n for n in graph_output_names if n not in known]
-        if missing:
-            raise EdgetrainError(f"outputs {missing} are not values of the eval model")
         params = {p: np.array(self._state._array(p)) for p in self._eval.params}
-        exported = inference_graph(g, list(graph_output_names), params)
-        save_model(from_graph(exported, ir_version=8), inference_model_uri)
+        export_inference_model(self._eval.graph, list(graph_output_names), params, inference_model_uri)
 
 
 MOMENT_INPUTS = ("first_order_moments", "second_order_moments")

@@ -5,7 +5,7 @@ import os
 from enum import Enum
 from pathlib import Path
 
-from . import checkpoint, onnxblock
+from . import atomic, checkpoint, onnxblock
 from .errors import EdgetrainError
 from .onnx_io import load_model, save_model
 from .onnxblock.checkpoint_utils import checkpoint_of
@@ -69,11 +69,9 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     """Write ``{prefix}training_model.onnx``, ``eval_model.onnx``, ``checkpoint`` (and ``nominal_checkpoint``,
     ``optimizer_model.onnx``) for ``model`` (a ModelProto or a path), with onnxruntime 1.19's arguments.
 
-    ``requires_grad`` defaults to nothing, as in ORT: name the trainable initializers.
+    ``requires_grad`` defaults to nothing, as in ORT: name the trainable initializers. ``ort_format=True``
+    also writes each model as ``.ort`` (ONNX Runtime's flatbuffer format, ``edgetrain.ortformat_writer``).
     """
-    if ort_format:
-        raise EdgetrainError("ort_format=True is not supported: edgetrain writes ONNX artifacts; the minimal build "
-                             "(`edgetrain reduce`) makes the compact device format")
     if custom_op_library is not None:
         raise EdgetrainError("custom_op_library is not supported: edgetrain runs only the ops of its op table")
     if additional_output_names is not None and not isinstance(additional_output_names, list):
@@ -114,8 +112,14 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
             files["optimizer_model.onnx"] = optim.to_model_proto()
     folder = Path(artifact_directory if artifact_directory is not None else os.getcwd())
     folder.mkdir(parents=True, exist_ok=True)
+    if ort_format:
+        from .ortformat_writer import to_ort_bytes
+        files |= {name.replace(".onnx", ".ort"): to_ort_bytes(content) for name, content in files.items()
+                  if name.endswith(".onnx")}
     for name, content in files.items():
         if name.endswith("checkpoint"):
             checkpoint.save(content, folder / f"{prefix}{name}")
+        elif name.endswith(".ort"):
+            atomic.write_atomic(folder / f"{prefix}{name}", content)
         else:
             save_model(content, folder / f"{prefix}{name}")

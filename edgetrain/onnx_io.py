@@ -20,7 +20,8 @@ SUPPORTED_ONNX_OPSETS = range(13, 22)
 
 
 def load_model(model) -> onnx.ModelProto:
-    """A ModelProto from a path, bytes or a ModelProto, with external data checked and loaded."""
+    """A ModelProto from a path, bytes or a ModelProto (ONNX, or ORT format: ``edgetrain.ortformat``), with
+    external data checked and loaded."""
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, (bytes, bytearray)):
@@ -38,6 +39,9 @@ def load_model(model) -> onnx.ModelProto:
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
     if not data:
         raise ModelLoadError(f"model file '{where}' is empty")
+    from . import ortformat       # an ORT-format model (.ort) reads into the same ModelProto
+    if ortformat.is_ort_format(data):
+        return ortformat.to_model_proto(data, where)
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(data)

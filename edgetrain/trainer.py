@@ -152,11 +152,12 @@ def _batch_metrics(pred: np.ndarray, target: np.ndarray, loss: str | None) -> di
 
 
 MODEL_FILES = ("training_model", "eval_model", "optimizer_model")
-MODEL_SUFFIXES = (".onnx", compact.SUFFIX)
+MODEL_SUFFIXES = (".onnx", compact.SUFFIX, ".ort")     # the first present wins
 
 
 def artifact_files(folder) -> dict[str, Path | None]:
-    """The artifact files in ``folder`` (``checkpoint`` and each model as .onnx or compact .etm; None if absent)."""
+    """The artifact files in ``folder`` (``checkpoint`` and each model as .onnx, compact .etm or ORT-format .ort;
+    None if absent)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"artifact folder '{folder}' does not exist")

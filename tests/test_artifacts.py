@@ -60,7 +60,7 @@ def test_sgd_optimizer_model_matches_ort(shared, tmp_path):
 
 def test_arguments_it_cannot_honour_are_refused(shared, tmp_path):
     model = str(shared / "models" / "digits.onnx")
-    for kwargs, message in (({"ort_format": True}, "ort_format"), ({"custom_op_library": "x.so"}, "custom_op"),
+    for kwargs, message in (({"custom_op_library": "x.so"}, "custom_op"),
                             ({"loss": "mse"}, "unknown loss"), ({"optimizer": "adam"}, "unknown optimizer"),
                             ({"requires_grad": ["fc1.bias"], "frozen_params": ["fc1.bias"]}, "frozen"),
                             ({"requires_grad": ["nope"]}, "nope"), ({"additional_output_names": "out"}, "list"),

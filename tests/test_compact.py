@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import numpy as np
+import onnx
 import pytest
 from conftest import BENCH_MODELS
 from edgetrain.minimal_build.reduce import compact_artifacts
@@ -270,7 +271,8 @@ def test_training_from_compact_files_without_onnx_or_protobuf(shared, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["loaded"] == []
-    assert "needs the onnx package" in out["export"]
+    assert out["export"] == "exported"          # written without onnx or protobuf (edgetrain.onnx_wire)
+    onnx.checker.check_model(onnx.load(tmp_path / "etm" / "inference.onnx"), full_check=True)
     assert "not an edgetrain compact model" in out["onnx_file"] and "onnx package" in out["onnx_file"]
 
     state = CheckpointState.load_checkpoint(folder / "checkpoint")

@@ -259,3 +259,37 @@ def test_an_output_folder_holding_other_sources_is_refused(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
     with pytest.raises(EdgetrainError, match="not written by edgetrain reduce"):
         check_replaceable(tmp_path)
+
+
+# One training step, the eval loss, then the export (no onnx, no protobuf in that process).
+EXPORT = r"""
+import json, sys
+import numpy as np
+from edgetrain.trainer import open_artifacts
+art, out, data = sys.argv[1], sys.argv[2], np.load(sys.argv[3])
+state, module, optimizer = open_artifacts(art)
+module(data["x"], data["y"])
+optimizer.step()
+module.eval()
+loss = float(module(data["x"], data["y"]))
+module.export_model_for_inferencing(out, ["output"])
+print(json.dumps({"loss": loss}))
+"""
+
+
+def test_the_trimmed_runtime_exports_a_model_onnxruntime_runs(digits_build, tmp_path):
+    import onnxruntime
+    _, site, art = digits_build
+    (x, y), _ = digits_split()
+    x, y = x[:32], y[:32]
+    data = tmp_path / "batch.npz"
+    np.savez(data, x=x, y=y)
+    exported = tmp_path / "inference.onnx"
+    trimmed = _trimmed(site, EXPORT, art, exported, data)
+    session = onnxruntime.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["input"]      # labels and the loss are pruned away
+    logits = session.run(["output"], {"input": x})[0].astype(np.float64)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    # the eval model's loss is the mean cross-entropy of the logits onnxruntime computes from the export
+    np.testing.assert_allclose(-log_probs[np.arange(len(y)), y].mean(), trimmed["loss"], rtol=1e-5)

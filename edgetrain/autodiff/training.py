@@ -97,22 +97,3 @@ def _typed(graph: Graph) -> Graph:
     MaxPoolGrad shape inference crashes on an unknown input shape, rely on it, as ORT's artifacts do."""
     graph.value_types = {k: t for k, t in symbolic_types(graph).items() if k not in graph.initializers}
     return graph
-
-
-def inference_graph(graph: Graph, output_names: list[str], params: dict[str, np.ndarray]) -> Graph:
-    """``graph`` (an eval graph) with ``params`` embedded as initializers, keeping only what computes
-    ``output_names``: the inputs it still reads (labels usually go) and the nodes on the way."""
-    needed, nodes = set(output_names), []
-    for node in reversed(graph.nodes):
-        if any(o in needed for o in node.outputs if o):
-            nodes.append(node)
-            needed.update(i for i in node.inputs if i)
-    nodes.reverse()
-    inputs = [v for v in graph.inputs if v.name in needed and v.name not in params]
-    initializers = {k: v for k, v in graph.initializers.items() if k in needed}
-    initializers |= {k: np.asarray(v) for k, v in params.items() if k in needed}
-    pruned = Graph(nodes, inputs, [Value(n, None) for n in output_names], initializers, dict(graph.opsets), {},
-                   graph.name)
-    types = symbolic_types(pruned, outputs=list(output_names))
-    pruned.outputs = [Value(n, types[n]) for n in output_names]
-    return pruned.verify()

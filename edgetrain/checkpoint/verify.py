@@ -22,7 +22,8 @@ from .state import CheckpointError
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
-_SCALARS = {"b": (struct.Struct("<?"), 1), "i32": (struct.Struct("<i"), 4), "i64": (struct.Struct("<q"), 8),
+_SCALARS = {"b": (struct.Struct("<?"), 1), "u8": (struct.Struct("<B"), 1), "u32": (struct.Struct("<I"), 4),
+            "i32": (struct.Struct("<i"), 4), "i64": (struct.Struct("<q"), 8),
             "f32": (struct.Struct("<f"), 4)}
 
 
