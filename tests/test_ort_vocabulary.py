@@ -69,6 +69,20 @@ def _forward_cases():
         "SimplifiedLayerNormalization_axis1": (
             helper.make_node("SimplifiedLayerNormalization", ["x", "s"], ["y"], axis=1), {"x": x, "s": r(4, 6)}, 1),
     }
+    scores, labels = r(6, 5, 3), rng.integers(0, 5, (6, 3))
+    labels[1, 2] = 4
+    weights = np.abs(r(5)) + 0.1
+    cases["SoftmaxCrossEntropyLossInternal"] = (
+        helper.make_node("SoftmaxCrossEntropyLossInternal", ["s", "l", "w", "ig"], ["loss", "lp"], domain=MS),
+        {"s": scores, "l": labels, "w": weights, "ig": np.array(4, np.int64)}, 2)
+    cases["SoftmaxCrossEntropyLossInternal_none"] = (
+        helper.make_node("SoftmaxCrossEntropyLossInternal", ["s", "l"], ["loss", "lp"], domain=MS, reduction="none"),
+        {"s": scores, "l": labels}, 2)
+    log_prob = scores - np.log(np.exp(scores.astype(F64)).sum(1, keepdims=True)).astype(np.float32)
+    cases["SoftmaxCrossEntropyLossInternalGrad"] = (
+        helper.make_node("SoftmaxCrossEntropyLossInternalGrad", ["dy", "lp", "l", "w", "ig"], ["dx"], domain=MS,
+                         reduction="sum"),
+        {"dy": np.array(1.3, np.float32), "lp": log_prob, "l": labels, "w": weights, "ig": np.array(4, np.int64)}, 1)
     # the inv_std_var the forward op wrote, as the gradient op reads it in a training graph
     inv = 1 / np.sqrt((x.astype(F64) ** 2).mean(-1, keepdims=True) + 1e-4)
     cases["SimplifiedLayerNormalizationGrad"] = (
@@ -136,6 +150,9 @@ def _grad_cases():
         "SimplifiedLayerNormalization_axis1": (
             [Node("SimplifiedLayerNormalization", ["x", "s"], ["y", "inv"], {"axis": 1, "stash_type": 11}, "sln")],
             {"x": r(2, 3, 4), "s": r(3, 4)}, ["y"], [t(2, 3, 4)]),
+        "SoftmaxCrossEntropyLossInternal": (
+            [Node("SoftmaxCrossEntropyLossInternal", ["s", "labels", "w", "ig"], ["nll", "lp"], {}, "sce", MS)],
+            {"s": r(4, 3)}, ["nll"], [t()]),
         "Trilu": ([Node("Trilu", ["x", "k"], ["y"], {"upper": 0}, "tri", MS)], {"x": r(4, 5)}, ["y"], [t(4, 5)]),
         "ConcatTraining_SplitTraining": (
             [Node("ConcatTraining", ["a", "b"], ["c", "len"], {"axis": 1}, "cat", MS),
@@ -153,6 +170,8 @@ def test_gradient_rule_by_finite_differences(name):
     from gradcheck import check_gradients
     nodes, params, outputs, types = GRADS[name]
     consts = {"k": np.array(1, np.int64)} if name == "Trilu" else {}
+    if name.startswith("SoftmaxCrossEntropyLoss"):
+        consts = {"labels": np.array([0, 2, 1, 2]), "ig": np.array(1, np.int64), "w": np.array([0.5, 1.5, 2.0])}
     if name == "Trilu":
         nodes[0].inputs.append("k")
     check_gradients(nodes, params, outputs, types, consts=consts)

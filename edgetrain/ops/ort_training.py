@@ -21,12 +21,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..ir import TensorType
-from .attrs import Flag, Float, Int, Ints
+from ..ir import Node, TensorType
+from ..ir.dtypes import to_numpy
+from .attrs import Flag, Float, Int, Ints, String
 from .base import ANY, NodeContext, OpDef, broadcast_shapes, normalize_axis
 from .conv import CONV_TRANSPOSE_ATTRS
 from .elementwise import ew, grad_op
 from .normalization import LAYER_NORM_ATTRS, layer_norm_axis, stash_dtype
+from .softmax import OPS as SOFTMAX_OPS
+from .softmax import REDUCTIONS
 from .tensor import split_sizes, trilu_mask
 
 MS = "com.microsoft"
@@ -299,4 +302,64 @@ OPS = (
           doc="Split whose sizes (input 1, ConcatTraining's lengths) must be known when planning"),
     OpDef("Trilu", _trilu, domain=MS, since=1, kernel="tensor.trilu", dtypes=ANY, vjp=_trilu_vjp,
           attrs={"upper": Flag(1)}, doc="ai.onnx Trilu in onnxruntime's domain (its gradient op)"),
+)
+
+
+# --- SoftmaxCrossEntropyLossInternal: SoftmaxCrossEntropyLoss with ignore_index as an input ------------------
+
+SCE = {op.op_type: op for op in SOFTMAX_OPS if op.op_type.startswith("SoftmaxCrossEntropyLoss")}
+SCE_INTERNAL_ATTRS = {"output_type": Int(), "reduction": String("mean", REDUCTIONS)}
+
+
+def sce_core(ctx: NodeContext, ignore_input: int, weight_input: int) -> NodeContext:
+    """The SoftmaxCrossEntropyLoss(Grad) node an Internal one is: ``ignore_index`` (an int64 scalar input, which
+    must be known when planning) becomes the attribute, the optional bias input of the gradient is left out."""
+    node, core = ctx.node, SCE[ctx.op.op_type.replace("Internal", "")]
+    attrs = {"reduction": ctx.attr("reduction")}
+    if ctx.has_input(ignore_input):
+        ignore = ctx.const(ignore_input, "ignore_index")
+        if ignore.size != 1 or ignore.dtype != np.int64:
+            raise ctx.error(f"ignore_index must be one int64, got {ctx.type(ignore_input)}")
+        attrs["ignore_index"] = int(ignore.reshape(()))
+    out_type = ctx.attr("output_type")
+    if out_type is not None and to_numpy(out_type, f"{node} attribute 'output_type'") != ctx.type(0).dtype:
+        raise ctx.error("output_type must be the scores' element type (edgetrain computes the loss in it)")
+    keep = weight_input + 1 if ctx.has_input(weight_input) else weight_input
+    inputs = list(node.inputs[:keep])
+    core_node = Node(core.op_type, inputs, list(node.outputs), core.checked_attrs(
+        Node(core.op_type, inputs, [], attrs, node.name, core.domain)), node.name, core.domain)
+    return NodeContext(core_node, core, ctx.opset, list(ctx.in_types[:keep]), list(ctx.consts[:keep]),
+                       list(ctx.out_types))
+
+
+def _sce_internal(ctx: NodeContext):
+    return SCE["SoftmaxCrossEntropyLoss"].infer(sce_core(ctx, 3, 2))
+
+
+def _sce_internal_grad(ctx: NodeContext):
+    if ctx.has_input(5):
+        raise ctx.error("the bias input (SceLossGradBiasFusion, a CUDA fusion) is not supported")
+    return SCE["SoftmaxCrossEntropyLossGrad"].infer(sce_core(ctx, 4, 3))
+
+
+def _sce_internal_vjp(g, dys):
+    """SoftmaxCrossEntropyLossInternalGrad(dY, log_prob, label[, weight, ignore_index]), as ORT emits it."""
+    if len(g.node.outputs) < 2 or not g.node.outputs[1]:
+        raise g.error("needs its log_prob output")
+    inputs = [dys[0], g.y(1)] + list(g.node.inputs[1:])
+    attrs = {"reduction": g.attr("reduction")}
+    if g.attr("output_type") is not None:
+        attrs["output_type"] = g.attr("output_type")
+    return [g.emit("SoftmaxCrossEntropyLossInternalGrad", inputs, attrs, MS)] + [None] * (len(g.node.inputs) - 1)
+
+
+OPS = OPS + (
+    OpDef("SoftmaxCrossEntropyLossInternal", _sce_internal, domain=MS, since=1, kind="lowered",
+          vjp=_sce_internal_vjp, grad_outputs=2, attrs=SCE_INTERNAL_ATTRS,
+          doc="inputs scores, labels[, weights, ignore_index (known when planning)]; outputs loss, log_prob: "
+              "SoftmaxCrossEntropyLoss (what SoftmaxCrossEntropyLossInternalFusion makes of LogSoftmax + "
+              "NegativeLogLikelihoodLoss)"),
+    OpDef("SoftmaxCrossEntropyLossInternalGrad", _sce_internal_grad, domain=MS, since=1, kind="lowered",
+          attrs=SCE_INTERNAL_ATTRS,
+          doc="inputs dY, log_prob, labels[, weights, ignore_index]: SoftmaxCrossEntropyLossGrad; no bias input"),
 )

@@ -316,7 +316,19 @@ def _conv_transpose_grad(e: _Emitter, b: Bound) -> bool:
     return True
 
 
+def _sce_internal(e: _Emitter, b: Bound) -> bool:
+    """SoftmaxCrossEntropyLoss(Grad) with ignore_index as the attribute (``ops.ort_training.sce_core``)."""
+    from ..ops.ort_training import sce_core
+    ignore, weight = (3, 2) if b.op.op_type == "SoftmaxCrossEntropyLossInternal" else (4, 3)
+    core = sce_core(b.ctx, ignore, weight)
+    e.emit(b.node, core.op.op_type, list(core.node.inputs), list(core.node.outputs), list(b.ctx.out_types),
+           dict(core.node.attrs), core.op.domain, opset=13)
+    return True
+
+
 RULES.update({("com.microsoft", "ConcatTraining"): _concat_training, ("com.microsoft", "DivGrad"): _div_grad,
               ("", "SimplifiedLayerNormalization"): _simplified_layer_norm,
               ("com.microsoft", "SimplifiedLayerNormalizationGrad"): _simplified_layer_norm_grad,
-              ("com.microsoft", "ConvTransposeGrad"): _conv_transpose_grad})
+              ("com.microsoft", "ConvTransposeGrad"): _conv_transpose_grad,
+              ("com.microsoft", "SoftmaxCrossEntropyLossInternal"): _sce_internal,
+              ("com.microsoft", "SoftmaxCrossEntropyLossInternalGrad"): _sce_internal})
