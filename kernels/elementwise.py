@@ -193,3 +193,4 @@ SCALAR.update({
     "QuickGeluGrad": lambda a, k: (f"{a[0]} * {_quick_gelu_s(a[1], k)} * ({k.T}(1.0) + {k.const('alpha')} * {a[1]} * "
                                    f"({k.T}(1.0) - {_quick_gelu_s(a[1], k)}))"),
 })
+SCALAR["BiasFastGeluGrad_dX"] = lambda a, k: _fast_gelu_grad([a[0], f"({a[1]} + {a[2]})"], k)

@@ -23,10 +23,12 @@ import numpy as np
 
 from ..ir import Node, TensorType
 from ..ir.dtypes import to_numpy
-from .attrs import Flag, Float, Int, Ints, String
+from .attrs import Flag, Float, Floats, Int, Ints, String
 from .base import ANY, NodeContext, OpDef, broadcast_shapes, normalize_axis
-from .conv import CONV_TRANSPOSE_ATTRS
+from .conv import CONV_ATTRS, CONV_TRANSPOSE_ATTRS
+from .conv import OPS as CONV_OPS
 from .elementwise import ew, grad_op
+from .matmul import OPS as MATMUL_OPS
 from .normalization import LAYER_NORM_ATTRS, layer_norm_axis, stash_dtype
 from .softmax import OPS as SOFTMAX_OPS
 from .softmax import REDUCTIONS
@@ -92,7 +94,7 @@ def _biased(g, dx_of):
 def _fast_gelu_vjp(g, dys):
     if len(g.node.inputs) < 2 or not g.node.inputs[1]:
         return [g.emit("FastGeluGrad", [dys[0], g.x(0)], domain=MS), None][:len(g.node.inputs)]
-    return _biased(g, lambda: g.emit("FastGeluGrad", [dys[0], g.emit("Add", [g.x(0), g.x(1)])], domain=MS))
+    return _biased(g, lambda: g.emit("BiasFastGeluGrad_dX", [dys[0], g.x(0), g.x(1)], domain=MS))
 
 
 def _bias_gelu_vjp(g, dys):
@@ -281,6 +283,8 @@ OPS = (
           doc="inputs dY, X, W; outputs dX, dW, dB: lowered to Conv(dY, W) and ConvGrad's dW"),
     OpDef("DivGrad", _div_grad, domain=MS, since=1, kind="lowered", fold=_div_grad_fold,
           doc="inputs dY, A, B; outputs dA = dY / B, dB = -dY A / B^2, each summed to its input's shape"),
+    grad_op("BiasFastGeluGrad_dX", _typed(lambda ctx, dy, x, b: _fast_gelu_grad(dy, x + b)),
+            "dX = FastGeluGrad(dY, X + B)"),
     replace(ew("FastGelu", _typed(lambda ctx, x, b=None: _fast_gelu(x if b is None else x + b)), domain=MS,
                since=1, doc="tanh-approximated GELU of X (+ optional bias)"), vjp=_fast_gelu_vjp),
     grad_op("FastGeluGrad", _typed(lambda ctx, dy, x: _fast_gelu_grad(dy, x)), "dX = dY * d/dx FastGelu(X)"),
@@ -362,4 +366,74 @@ OPS = OPS + (
     OpDef("SoftmaxCrossEntropyLossInternalGrad", _sce_internal_grad, domain=MS, since=1, kind="lowered",
           attrs=SCE_INTERNAL_ATTRS,
           doc="inputs dY, log_prob, labels[, weights, ignore_index]: SoftmaxCrossEntropyLossGrad; no bias input"),
+)
+
+
+# --- FusedGemm / FusedConv: Gemm or Conv with an activation (ORT's GemmActivationFusion, ConvActivationFusion) --
+
+CORE = {op.op_type: op for op in MATMUL_OPS + CONV_OPS if op.op_type in ("Gemm", "Conv")}
+# what ORT's kernels accept: FusedGemm's element-wise functors, FusedConv's MLAS activations
+GEMM_ACTIVATIONS = ("Elu", "HardSigmoid", "LeakyRelu", "Relu", "Selu", "Sigmoid", "Softplus", "Tanh")
+CONV_ACTIVATIONS = ("Clip", "HardSigmoid", "LeakyRelu", "Relu", "Sigmoid", "Tanh")
+# the edgetrain attribute each activation parameter becomes, in order, with ONNX's defaults
+ACTIVATION_PARAMS = {"Elu": (("alpha", 1.0),), "HardSigmoid": (("alpha", 0.2), ("beta", 0.5)),
+                     "LeakyRelu": (("alpha", 0.01),),
+                     "Selu": (("alpha", 1.67326319217681884765625), ("gamma", 1.05070102214813232421875))}
+GEMM_ONLY = ("alpha", "beta", "transA", "transB")
+
+
+def core_context(ctx: NodeContext, op_type: str, n_inputs: int, attr_names) -> NodeContext:
+    """The Gemm or Conv node a fused one starts with: its first ``n_inputs`` inputs and those attributes."""
+    core, node = CORE[op_type], ctx.node
+    inputs = list(node.inputs[:n_inputs])
+    attrs = {k: v for k, v in node.attrs.items() if k in attr_names}
+    core_node = Node(op_type, inputs, list(node.outputs[:1]), attrs, node.name)
+    core_node.attrs = core.checked_attrs(core_node)
+    return NodeContext(core_node, core, 11 if op_type == "Conv" else 13, list(ctx.in_types[:n_inputs]),
+                       list(ctx.consts[:n_inputs]), list(ctx.out_types[:1]))
+
+
+def activation(ctx: NodeContext) -> tuple[str, dict, list[float]]:
+    """(edgetrain op, its attributes, Clip's bounds) of the fused activation."""
+    name = ctx.attr("activation")
+    if "activation_params" in ctx.op.attrs:      # FusedConv: one list, in the activation's parameter order
+        given = list(ctx.attr("activation_params") or ())
+        named = dict(zip([p for p, _ in ACTIVATION_PARAMS.get(name, ())], given))
+    else:                                        # FusedGemm: activation_alpha, _beta, _gamma by name
+        named = {p: ctx.attr(f"activation_{p}") for p in ("alpha", "beta", "gamma")}
+        given = []
+    if name == "Clip":
+        if len(given) != 2:
+            raise ctx.error(f"activation Clip needs activation_params [min, max], got {given}")
+        return name, {}, given
+    attrs = {p: named[p] if named.get(p) is not None else default for p, default in ACTIVATION_PARAMS.get(name, ())}
+    return name, attrs, []
+
+
+def _fused_gemm(ctx: NodeContext):
+    activation(ctx)
+    return CORE["Gemm"].infer(core_context(ctx, "Gemm", 3, GEMM_ONLY))
+
+
+def _fused_conv(ctx: NodeContext):
+    activation(ctx)
+    y = CORE["Conv"].infer(core_context(ctx, "Conv", 3, CONV_ATTRS))
+    if ctx.has_input(3) and (ctx.type(3).dtype != y[0].dtype or broadcast_shapes(ctx, y[0].shape, ctx.shape(3))
+                             != tuple(y[0].shape)):
+        raise ctx.error(f"Z {ctx.type(3)} must broadcast to the convolution's output {y[0]}")
+    return y
+
+
+FUSED_GEMM_ATTRS = {"alpha": Float(1.0), "beta": Float(1.0), "transA": Flag(0), "transB": Flag(0),
+                    "activation": String("Relu", GEMM_ACTIVATIONS), "activation_alpha": Float(),
+                    "activation_beta": Float(), "activation_gamma": Float()}
+FUSED_CONV_ATTRS = CONV_ATTRS | {"activation": String("Relu", CONV_ACTIVATIONS), "activation_params": Floats()}
+
+OPS = OPS + (
+    OpDef("FusedGemm", _fused_gemm, domain=MS, since=1, kind="lowered", attrs=FUSED_GEMM_ATTRS,
+          doc="Gemm then an activation (activation_alpha/_beta/_gamma its parameters): ORT's "
+              "GemmActivationFusion in optimized inference models; no gradient rule"),
+    OpDef("FusedConv", _fused_conv, domain=MS, since=1, kind="lowered", attrs=FUSED_CONV_ATTRS,
+          doc="Conv (+ Z) then an activation (activation_params: LeakyRelu alpha, HardSigmoid alpha beta, Clip "
+              "min max): ORT's ConvActivationFusion in optimized inference models; no gradient rule"),
 )

@@ -20,6 +20,7 @@ import numpy as np
 from ..ir import Node, TensorType
 from ..ir.dtypes import FLOATS
 from ..ops import OP_TABLE, NodeContext
+from ..ops.conv import CONV_ATTRS
 from .fusion import MAX_FUSED_INPUTS
 from .specialize import Bound, Specialized, fold
 
@@ -326,9 +327,40 @@ def _sce_internal(e: _Emitter, b: Bound) -> bool:
     return True
 
 
+def _activation(e: _Emitter, b: Bound, x: str) -> None:
+    """output 0 = the fused activation of ``x`` (``ops.ort_training.activation``)."""
+    from ..ops.ort_training import activation
+    name, attrs, bounds = activation(b.ctx)
+    t = b.ctx.out(0)
+    inputs = [x] + [e.const(f"{b.node.outputs[0]}/clip{k}", np.array(v, t.dtype)) for k, v in enumerate(bounds)]
+    e.emit(b.node, name, inputs, [b.node.outputs[0]], [t], attrs, opset=17)
+
+
+def _fused(core_type: str, n_inputs: int, attr_names):
+    """FusedGemm / FusedConv: the core op's own lowering into ``<y>/core``, (+ Z,) then the activation."""
+    def rule(e: _Emitter, b: Bound) -> bool:
+        from ..ops.ort_training import core_context
+        core = core_context(b.ctx, core_type, n_inputs, attr_names)
+        y = b.node.outputs[0]
+        core.node.outputs = [f"{y}/core"]
+        core.out_types = [b.ctx.out(0)]
+        if not RULES[("", core_type)](e, Bound(core.op, core)):
+            e.emit(b.node, core_type, list(core.node.inputs), [f"{y}/core"], [b.ctx.out(0)], dict(core.node.attrs),
+                   opset=core.opset)
+        x = f"{y}/core"
+        if core_type == "Conv" and b.ctx.has_input(3):
+            e.emit(b.node, "Add", [x, b.node.inputs[3]], [f"{y}/z"], [b.ctx.out(0)], opset=14)
+            x = f"{y}/z"
+        _activation(e, b, x)
+        return True
+    return rule
+
+
 RULES.update({("com.microsoft", "ConcatTraining"): _concat_training, ("com.microsoft", "DivGrad"): _div_grad,
               ("", "SimplifiedLayerNormalization"): _simplified_layer_norm,
               ("com.microsoft", "SimplifiedLayerNormalizationGrad"): _simplified_layer_norm_grad,
               ("com.microsoft", "ConvTransposeGrad"): _conv_transpose_grad,
               ("com.microsoft", "SoftmaxCrossEntropyLossInternal"): _sce_internal,
               ("com.microsoft", "SoftmaxCrossEntropyLossInternalGrad"): _sce_internal})
+RULES.update({("com.microsoft", "FusedGemm"): _fused("Gemm", 3, ("alpha", "beta", "transA", "transB")),
+              ("com.microsoft", "FusedConv"): _fused("Conv", 3, tuple(CONV_ATTRS))})
