@@ -321,3 +321,67 @@ def test_edgetrain_trains_ort_119_artifacts_with_its_losses(ort_trained, name):
     module.eval()
     x, y = _batches()[0]
     np.testing.assert_allclose(float(module(x, y)), out[f"{name}/eval"], rtol=0, atol=2e-4)
+
+
+ORT_TRAIN_OURS = r'''
+so = ort.SessionOptions(); so.intra_op_num_threads = 1; so.inter_op_num_threads = 1
+d = ARGS["dir"]
+state = ort_api.CheckpointState.load_checkpoint(d + "/checkpoint")
+m = ort_api.Module(d + "/training_model.onnx", state, d + "/eval_model.onnx", session_options=so)
+opt = ort_api.Optimizer(d + "/optimizer_model.onnx", m)
+opt.set_learning_rate(0.02)
+m.train()
+losses = []
+for k in range(ARGS["steps"]):
+    losses.append(float(m(ARRAYS[f"{k}/x"], ARRAYS[f"{k}/y"])))
+    opt.step()
+    m.lazy_reset_grad()
+OUT["losses"] = losses
+'''
+
+
+def _vocabulary_model():
+    """The forward ops of the vocabulary in one model, for edgetrain's own autodiff to differentiate."""
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "w0"], ["h"]), n("QuickGelu", ["h"], ["q"], domain=MS),
+             n("ConcatTraining", ["h", "q"], ["c", "len"], domain=MS, axis=1),
+             n("SimplifiedLayerNormalization", ["c", "g"], ["sn", "inv"], axis=-1),
+             n("FastGelu", ["sn", "b"], ["f"], domain=MS), n("BiasGelu", ["f", "b2"], ["bg"], domain=MS),
+             n("Trilu", ["bg"], ["t"], domain=MS), n("MatMul", ["t", "wo"], ["logits"])]
+    rng = np.random.default_rng(4)
+    graph = helper.make_graph(nodes, "vocabulary", [helper.make_tensor_value_info("x", F, ["N", 8])],
+                              [helper.make_tensor_value_info("logits", F, ["N", 5])],
+                              [_w(rng, "w0", 8, 8), _w(rng, "g", 16), _w(rng, "b", 16), _w(rng, "b2", 16),
+                               _w(rng, "wo", 16, 5)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
+                             ir_version=8)
+
+
+@pytest.mark.ort119
+@pytest.mark.native
+def test_ort_119_trains_edgetrain_artifacts_of_the_vocabulary_with_its_losses(ort, tmp_path):
+    """edgetrain's gradient rules emit ORT's ops (QuickGeluGrad, SplitTraining, SimplifiedLayerNormalizationGrad,
+    BiasFastGeluGrad_dX, BiasGeluGrad_dX, com.microsoft Trilu): ORT 1.19.2 runs that backward graph with its own
+    kernels and must see edgetrain's losses."""
+    from edgetrain import artifacts
+    artifacts.generate_artifacts(_vocabulary_model(), requires_grad=["w0", "g", "b", "b2", "wo"],
+                                 loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
+                                 artifact_directory=tmp_path)
+    ops = {node.op_type for node in onnx.load(tmp_path / "training_model.onnx").graph.node}
+    assert {"QuickGeluGrad", "SplitTraining", "SimplifiedLayerNormalizationGrad", "BiasFastGeluGrad_dX",
+            "BiasGeluGrad_dX", "Trilu"} <= ops, ops
+    batches = _batches()
+    out = ort.run(ORT_TRAIN_OURS, args={"dir": str(tmp_path), "steps": STEPS},
+                  arrays={f"{k}/{n}": a for k, b in enumerate(batches) for n, a in zip("xy", b)})
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = Module(tmp_path / "training_model.onnx", state, tmp_path / "eval_model.onnx")
+    optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    optimizer.set_learning_rate(0.02)
+    module.train()
+    losses = []
+    for x, y in batches[:STEPS]:
+        losses.append(float(module(x, y)))
+        optimizer.step()
+        module.lazy_reset_grad()
+    assert np.ptp(losses) > 0.02, losses
+    np.testing.assert_allclose(losses, out["losses"], rtol=0, atol=2e-4)
