@@ -39,7 +39,7 @@ def _single(node, inputs: dict[str, np.ndarray], n_out: int) -> tuple[onnx.Model
 
 def _forward_cases():
     rng = np.random.default_rng(3)
-    r = lambda *s: rng.standard_normal(s).astype(np.float32)        # noqa: E731
+    r = lambda *s: rng.standard_normal(s).astype(np.float32)
     x, dy = r(3, 4, 6), r(3, 4, 6)
     cases = {
         "ConcatTraining": (helper.make_node("ConcatTraining", ["a", "b", "c"], ["y", "len"], domain=MS, axis=1),
@@ -153,8 +153,8 @@ def test_conv_transpose_grad_matches_torch():
 
 def _grad_cases():
     rng = np.random.default_rng(5)
-    r = lambda *s: rng.standard_normal(s)          # noqa: E731
-    t = lambda *s: TensorType(F64, s)              # noqa: E731
+    r = lambda *s: rng.standard_normal(s)
+    t = lambda *s: TensorType(F64, s)
     return {
         "QuickGelu": ([Node("QuickGelu", ["x"], ["y"], {"alpha": 1.702}, "qg", MS)], {"x": 2 * r(3, 5)}, ["y"],
                       [t(3, 5)]),
