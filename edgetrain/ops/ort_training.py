@@ -14,6 +14,11 @@ that the other families lack (the full list, with what is and is not supported: 
   element-wise ops.
 - ``ConvTransposeGrad`` (com.microsoft): ConvTranspose's gradient op, lowered to the Conv (dX) and ConvGrad
   (dW) of ``ops.conv``'s own ConvTranspose gradient rule.
+- ``SoftmaxCrossEntropyLossInternal`` and its ``...Grad`` (com.microsoft): SoftmaxCrossEntropyLossInternalFusion's
+  form of LogSoftmax + NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss(Grad) with ignore_index as an input;
+  lowered to those.
+- ``FusedGemm``/``FusedConv`` (com.microsoft): Gemm/Conv and an activation, as ORT's activation fusions write them
+  into optimized models; lowered to the core op's own lowering and the activation.
 """
 from __future__ import annotations
 
@@ -76,10 +81,6 @@ def _typed(f):
 
 
 # --- gradient rules --------------------------------------------------------------------------------------
-
-def _unary(build):
-    return lambda g, dys: [build(g, dys[0])] + [None] * (len(g.node.inputs) - 1)
-
 
 def _quick_gelu_vjp(g, dys):
     return [g.emit("QuickGeluGrad", [dys[0], g.x(0)], {"alpha": g.attr("alpha")}, MS)]
