@@ -385,3 +385,22 @@ def test_ort_119_trains_edgetrain_artifacts_of_the_vocabulary_with_its_losses(or
         module.lazy_reset_grad()
     assert np.ptp(losses) > 0.02, losses
     np.testing.assert_allclose(losses, out["losses"], rtol=0, atol=2e-4)
+
+
+def test_values_that_set_shapes_must_be_known_and_the_error_names_them():
+    from edgetrain.errors import EdgetrainError
+    x = np.zeros((2, 5), np.float32)
+    node = helper.make_node("SplitTraining", ["x", "sizes"], ["a", "b"], domain=MS, axis=1, name="split_node")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, [2, 5]),
+                                            helper.make_tensor_value_info("sizes", TensorProto.INT64, [2])],
+                              [helper.make_empty_tensor_value_info("a"), helper.make_empty_tensor_value_info("b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
+                              ir_version=8)
+    with pytest.raises(EdgetrainError, match=r"'split_node'.*'sizes'.*must be a constant"):
+        edgetrain.InferenceSession(model.SerializeToString()).run(None, {"x": x, "sizes": np.array([2, 3])})
+    node = helper.make_node("SoftmaxCrossEntropyLossInternalGrad", ["dy", "lp", "l", "", "", "bias"], ["dx"],
+                            domain=MS, name="sce_grad")
+    feeds = {"dy": np.ones((), np.float32), "lp": np.zeros((2, 3), np.float32), "bias": np.zeros((2, 3), np.float32)}
+    model, feeds = _single(node, {**feeds, "l": np.array([0, 1])}, 1)
+    with pytest.raises(EdgetrainError, match=r"'sce_grad'.*bias input"):
+        edgetrain.InferenceSession(model.SerializeToString()).run(None, feeds)
