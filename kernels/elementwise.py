@@ -155,3 +155,42 @@ def _erf_f32(x):
 
 def _erf(k, x: str) -> str:
     return f"_erf_f32({x})" if k.T == "np.float32" else f"math.erf({x})"
+
+
+# onnxruntime's fused activations and their gradient ops (edgetrain.ops.ort_training)
+def _tanh_gelu_t(x, k):
+    """tanh(sqrt(2/pi) x (1 + 0.044715 x^2)) of FastGelu."""
+    return f"math.tanh({k.T}(0.7978845608028654) * {x} * ({k.T}(1.0) + {k.T}(0.044715) * {x} * {x}))"
+
+
+def _fast_gelu(a, k):
+    x = a[0] if len(a) < 2 or a[1] is None else f"({a[0]} + {a[1]})"
+    return f"{k.T}(0.5) * {x} * ({k.T}(1.0) + {_tanh_gelu_t(x, k)})"
+
+
+def _fast_gelu_grad(a, k):
+    dy, x = a[0], a[1]
+    t = _tanh_gelu_t(x, k)
+    return (f"{dy} * ({k.T}(0.5) * ({k.T}(1.0) + {t}) + {k.T}(0.5) * {x} * ({k.T}(1.0) - {t} * {t}) * "
+            f"{k.T}(0.7978845608028654) * ({k.T}(1.0) + {k.T}(0.134145) * {x} * {x}))")
+
+
+def _gelu_grad_at(dy, x, k):
+    return (f"{dy} * ({k.T}(0.5) * ({k.T}(1.0) + {_erf(k, f'{x} * {k.T}(0.7071067811865476)')})"
+            f" + {x} * {k.T}(0.3989422804014327) * math.exp(max({k.T}(-0.5) * {x} * {x}, {k.T}(-80.0))))")
+
+
+def _quick_gelu_s(x, k):
+    return _sigmoid([f"({k.const('alpha')} * {x})"], k)
+
+
+SCALAR.update({
+    "BiasGelu": lambda a, k: _gelu(f"({a[0]} + {a[1]})", k),
+    "BiasGeluGrad_dX": lambda a, k: _gelu_grad_at(a[0], f"({a[1]} + {a[2]})", k),
+    "FastGelu": _fast_gelu,
+    "FastGeluGrad": _fast_gelu_grad,
+    "QuickGelu": lambda a, k: f"{a[0]} * {_quick_gelu_s(a[0], k)}",
+    "QuickGeluGrad": lambda a, k: (f"{a[0]} * {_quick_gelu_s(a[1], k)} * ({k.T}(1.0) + {k.const('alpha')} * {a[1]} * "
+                                   f"({k.T}(1.0) - {_quick_gelu_s(a[1], k)}))"),
+})
+SCALAR["BiasFastGeluGrad_dX"] = lambda a, k: _fast_gelu_grad([a[0], f"({a[1]} + {a[2]})"], k)

@@ -67,6 +67,8 @@ class OpDef:
     attrs: dict[str, Attr] = field(default_factory=dict)   # the attributes it accepts, with their defaults
     writes_inputs: tuple[int, ...] = ()   # inputs its kernel updates in place (accumulators, optimizers)
     doc: str = ""
+    known_outputs: Callable | None = None  # (ctx) -> {output index: array}: outputs known when planning though
+    #                                        the op runs (ConcatTraining's input lengths, read as SplitTraining's sizes)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -22,6 +22,7 @@ import numpy as np
 from ..ir import Node, TensorType
 from ..ir.dtypes import FLOATS
 from ..ops import OP_TABLE, NodeContext
+from ..ops.conv import CONV_ATTRS
 from ..ops.normalization import bn_training_mode
 from .fusion import MAX_FUSED_INPUTS
 from .specialize import Bound, Specialized, fold
@@ -217,3 +218,188 @@ def lower(spec: Specialized) -> Specialized:
             e.nodes.append(b)
     spec.nodes = e.nodes
     return spec
+
+
+# --- onnxruntime's training vocabulary (edgetrain.ops.ort_training) ----------------------------------------
+
+def _reduced_to(e: _Emitter, src: Node, x: str, x_type: TensorType, shape: tuple, name: str) -> None:
+    """``name`` = ``x`` summed over the axes ``shape`` was broadcast along (leading ones dropped): the gradient
+    of an input of that shape."""
+    out = tuple(x_type.shape)
+    lead = len(out) - len(shape)
+    axes = [d for d in range(len(out)) if d < lead or (shape[d - lead] == 1 and out[d] != 1)]
+    if not axes:
+        e.emit(src, "Identity", [x], [name], [x_type])
+        return
+    axes_name = e.const(f"{name}/axes", np.array(axes, np.int64))
+    kept = tuple(1 if d in axes else n for d, n in enumerate(out))
+    summed = name if not lead else f"{name}/summed"
+    e.emit(src, "ReduceSum", [x, axes_name], [summed], [TensorType(x_type.dtype, kept)], {"keepdims": 1}, opset=13)
+    if lead:
+        e.emit(src, "Reshape", [summed, e.const(f"{name}/shape", np.array(shape, np.int64))], [name],
+               [TensorType(x_type.dtype, tuple(shape))])
+
+
+def _concat_training(e: _Emitter, b: Bound) -> bool:
+    """A Concat; the lengths output is a constant already (``OpDef.known_outputs``)."""
+    node = b.node
+    e.emit(node, "Concat", list(node.inputs), [node.outputs[0]], [b.ctx.out(0)], {"axis": b.ctx.attr("axis")})
+    return True
+
+
+def _div_grad(e: _Emitter, b: Bound) -> bool:
+    """dA = dY / B, dB = -(dY / B) (A / B), each summed to its input's shape."""
+    ctx, node = b.ctx, b.node
+    dy, a, bb = node.inputs
+    full = ctx.type(0)
+    outs = list(node.outputs) + [""] * (2 - len(node.outputs))
+    base = f"{outs[0] or outs[1]}/div_grad"
+    e.emit(node, "Div", [dy, bb], [f"{base}/q"], [full], opset=14)
+    if outs[0]:
+        _reduced_to(e, node, f"{base}/q", full, ctx.type(1).shape, outs[0])
+    if outs[1]:
+        e.emit(node, "Div", [a, bb], [f"{base}/ratio"], [full], opset=14)
+        e.emit(node, "Mul", [f"{base}/q", f"{base}/ratio"], [f"{base}/prod"], [full], opset=14)
+        e.emit(node, "Neg", [f"{base}/prod"], [f"{base}/neg"], [full])
+        _reduced_to(e, node, f"{base}/neg", full, ctx.type(2).shape, outs[1])
+    return True
+
+
+def _sln_stats(e: _Emitter, b: Bound, x: str, x_type: TensorType, name: str) -> tuple[str, list[int]]:
+    """inv_std_var = 1 / sqrt(mean(x^2 over the normalized axes) + epsilon), in X's element type."""
+    ctx, node = b.ctx, b.node
+    axis = ctx.attr("axis") % len(x_type.shape)
+    axes = list(range(axis, len(x_type.shape)))
+    stat = TensorType(x_type.dtype, x_type.shape[:axis] + (1,) * len(axes))
+    e.emit(node, "Mul", [x, x], [f"{name}/sq"], [x_type], opset=14)
+    e.emit(node, "ReduceMean", [f"{name}/sq", e.const(f"{name}/axes", np.array(axes, np.int64))], [f"{name}/ms"],
+           [stat], {"keepdims": 1}, opset=18)
+    eps = e.const(f"{name}/eps", np.array(ctx.attr("epsilon"), x_type.dtype))
+    e.emit(node, "Add", [f"{name}/ms", eps], [f"{name}/var"], [stat], opset=14)
+    e.emit(node, "Sqrt", [f"{name}/var"], [f"{name}/std"], [stat])
+    e.emit(node, "Reciprocal", [f"{name}/std"], [name], [stat])
+    return name, axes
+
+
+def _typed_stat(e: _Emitter, src: Node, stat: str, t: TensorType, want: TensorType, out: str) -> None:
+    if t.dtype == want.dtype:
+        e.emit(src, "Identity", [stat], [out], [want])
+    else:
+        from ..ir.dtypes import to_onnx
+        e.emit(src, "Cast", [stat], [out], [want], {"to": to_onnx(want.dtype)})
+
+
+def _simplified_layer_norm(e: _Emitter, b: Bound) -> bool:
+    ctx, node = b.ctx, b.node
+    x_type, y = ctx.type(0), node.outputs[0]
+    inv, _ = _sln_stats(e, b, node.inputs[0], x_type, f"{y}/inv_std_var")
+    e.emit(node, "Mul", [node.inputs[0], inv], [f"{y}/normalized"], [x_type], opset=14)
+    e.emit(node, "Mul", [f"{y}/normalized", node.inputs[1]], [y], [x_type], opset=14)
+    if len(node.outputs) > 1 and node.outputs[1]:
+        stat = e.spec.types[inv]
+        _typed_stat(e, node, inv, stat, ctx.out(1), node.outputs[1])
+    return True
+
+
+def _simplified_layer_norm_grad(e: _Emitter, b: Bound) -> bool:
+    """x^ = X r, g = dY scale: dX = r (g - x^ mean(g x^)), dScale = sum over the leading axes of dY x^."""
+    ctx, node = b.ctx, b.node
+    dy, x, scale, inv = node.inputs
+    x_type = ctx.type(1)
+    outs = list(node.outputs) + [""] * (2 - len(node.outputs))
+    name = f"{outs[0] or outs[1]}/sln_grad"
+    axis = ctx.attr("axis") % len(x_type.shape)
+    stat = TensorType(x_type.dtype, x_type.shape[:axis] + (1,) * (len(x_type.shape) - axis))
+    if ctx.type(3).dtype != x_type.dtype:
+        from ..ir.dtypes import to_onnx
+        e.emit(node, "Cast", [inv], [f"{name}/r"], [stat], {"to": to_onnx(x_type.dtype)})
+        inv = f"{name}/r"
+    e.emit(node, "Mul", [x, inv], [f"{name}/xhat"], [x_type], opset=14)
+    xhat = f"{name}/xhat"
+    if outs[0]:
+        e.emit(node, "Mul", [dy, scale], [f"{name}/g"], [x_type], opset=14)
+        e.emit(node, "Mul", [f"{name}/g", xhat], [f"{name}/gx"], [x_type], opset=14)
+        axes = e.const(f"{name}/axes", np.array(range(axis, len(x_type.shape)), np.int64))
+        e.emit(node, "ReduceMean", [f"{name}/gx", axes], [f"{name}/m"], [stat], {"keepdims": 1}, opset=18)
+        e.emit(node, "Mul", [xhat, f"{name}/m"], [f"{name}/xm"], [x_type], opset=14)
+        e.emit(node, "Sub", [f"{name}/g", f"{name}/xm"], [f"{name}/c"], [x_type], opset=14)
+        e.emit(node, "Mul", [f"{name}/c", inv], [outs[0]], [x_type], opset=14)
+    if outs[1]:
+        e.emit(node, "Mul", [dy, xhat], [f"{name}/dyx"], [x_type], opset=14)
+        lead = e.const(f"{name}/lead", np.array(range(axis), np.int64))
+        if axis:
+            e.emit(node, "ReduceSum", [f"{name}/dyx", lead], [outs[1]], [ctx.out(1)], {"keepdims": 0}, opset=13)
+        else:
+            e.emit(node, "Identity", [f"{name}/dyx"], [outs[1]], [ctx.out(1)])
+    return True
+
+
+def _conv_transpose_grad(e: _Emitter, b: Bound) -> bool:
+    """As ConvTranspose's gradient rule: with C the Conv whose adjoint it is, dX = C(dY; W), dW = ConvGrad(X, dY,
+    W)'s dW, dB = ReduceSum(dY) over N and space."""
+    from ..ops.conv import CONV_TRANSPOSE, conv_transpose_geometry
+    ctx, node = b.ctx, b.node
+    dy, x, w = node.inputs
+    outs = list(node.outputs) + [""] * (3 - len(node.outputs))
+    probe = NodeContext(Node("ConvTranspose", [x, w], ["y"], dict(node.attrs), node.name), CONV_TRANSPOSE,
+                        11, [ctx.type(1), ctx.type(2)], [None, None])
+    attrs = conv_transpose_geometry(probe).conv_attrs()
+    if outs[0]:
+        e.emit(node, "Conv", [dy, w], [outs[0]], [ctx.out(0)], dict(attrs), opset=11)
+    if outs[1]:
+        e.emit(node, "ConvGrad", [x, dy, w], ["", outs[1]], [ctx.type(1), ctx.out(1)], dict(attrs),
+               "com.microsoft")
+    if outs[2]:
+        axes = [0] + list(range(2, len(ctx.type(0).shape)))
+        e.emit(node, "ReduceSum", [dy, e.const(f"{outs[2]}/axes", np.array(axes, np.int64))], [outs[2]],
+               [ctx.out(2)], {"keepdims": 0}, opset=13)
+    return True
+
+
+def _sce_internal(e: _Emitter, b: Bound) -> bool:
+    """SoftmaxCrossEntropyLoss(Grad) with ignore_index as the attribute (``ops.ort_training.sce_core``)."""
+    from ..ops.ort_training import sce_core
+    ignore, weight = (3, 2) if b.op.op_type == "SoftmaxCrossEntropyLossInternal" else (4, 3)
+    core = sce_core(b.ctx, ignore, weight)
+    e.emit(b.node, core.op.op_type, list(core.node.inputs), list(core.node.outputs), list(b.ctx.out_types),
+           dict(core.node.attrs), core.op.domain, opset=13)
+    return True
+
+
+def _activation(e: _Emitter, b: Bound, x: str) -> None:
+    """output 0 = the fused activation of ``x`` (``ops.ort_training.activation``)."""
+    from ..ops.ort_training import activation
+    name, attrs, bounds = activation(b.ctx)
+    t = b.ctx.out(0)
+    inputs = [x] + [e.const(f"{b.node.outputs[0]}/clip{k}", np.array(v, t.dtype)) for k, v in enumerate(bounds)]
+    e.emit(b.node, name, inputs, [b.node.outputs[0]], [t], attrs, opset=17)
+
+
+def _fused(core_type: str, n_inputs: int, attr_names):
+    """FusedGemm / FusedConv: the core op's own lowering into ``<y>/core``, (+ Z,) then the activation."""
+    def rule(e: _Emitter, b: Bound) -> bool:
+        from ..ops.ort_training import core_context
+        core = core_context(b.ctx, core_type, n_inputs, attr_names)
+        y = b.node.outputs[0]
+        core.node.outputs = [f"{y}/core"]
+        core.out_types = [b.ctx.out(0)]
+        if not RULES[("", core_type)](e, Bound(core.op, core)):
+            e.emit(b.node, core_type, list(core.node.inputs), [f"{y}/core"], [b.ctx.out(0)], dict(core.node.attrs),
+                   opset=core.opset)
+        x = f"{y}/core"
+        if core_type == "Conv" and b.ctx.has_input(3):
+            e.emit(b.node, "Add", [x, b.node.inputs[3]], [f"{y}/z"], [b.ctx.out(0)], opset=14)
+            x = f"{y}/z"
+        _activation(e, b, x)
+        return True
+    return rule
+
+
+RULES.update({("com.microsoft", "ConcatTraining"): _concat_training, ("com.microsoft", "DivGrad"): _div_grad,
+              ("", "SimplifiedLayerNormalization"): _simplified_layer_norm,
+              ("com.microsoft", "SimplifiedLayerNormalizationGrad"): _simplified_layer_norm_grad,
+              ("com.microsoft", "ConvTransposeGrad"): _conv_transpose_grad,
+              ("com.microsoft", "SoftmaxCrossEntropyLossInternal"): _sce_internal,
+              ("com.microsoft", "SoftmaxCrossEntropyLossInternalGrad"): _sce_internal})
+RULES.update({("com.microsoft", "FusedGemm"): _fused("Gemm", 3, ("alpha", "beta", "transA", "transB")),
+              ("com.microsoft", "FusedConv"): _fused("Conv", 3, tuple(CONV_ATTRS))})

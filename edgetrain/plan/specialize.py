@@ -78,6 +78,10 @@ def specialize(graph: Graph, input_types: dict[str, TensorType], output_names: l
                     raise ctx.error(f"output '{name}' has no shape rule")
                 nbytes += _checked(ctx, name, t)
                 types[name] = t
+        if op.known_outputs is not None and not _foldable(op, ctx):
+            for i, value in op.known_outputs(ctx).items():
+                if i < len(node.outputs) and node.outputs[i]:
+                    known[node.outputs[i]] = value
         if _foldable(op, ctx):
             folded += nbytes + sum(w.nbytes for w in (op.workspace(ctx) if op.workspace else []))
             budget.check(folded, max_memory, f"constant folding (up to {node}, whose outputs take {nbytes} bytes)")
