@@ -42,6 +42,8 @@ def bind_feeds(inputs: list[Value], feeds: dict[str, np.ndarray], where: str) ->
         if v.name not in feeds:
             raise InputError(f"{where}: missing input '{v.name}' (expected {v.type})")
         x = feeds[v.name]
+        if isinstance(x, np.generic):       # a numpy scalar (np.float32(2)) is a 0-d tensor, as onnxruntime takes it
+            x = np.asarray(x)
         if not isinstance(x, np.ndarray):
             raise InputError(f"{where}: input '{v.name}' must be a numpy array (expected {v.type}), "
                              f"got {type(x).__name__}")
@@ -103,6 +105,7 @@ class InferenceSession:
         for name in output_names or []:
             if name not in known:
                 raise InputError(f"{self._where}: '{name}' is not an output; outputs: {sorted(known)}")
+        input_feed = {k: np.asarray(x) if isinstance(x, np.generic) else x for k, x in input_feed.items()}
         prog = self.program(input_feed, output_names)
         outs = prog.run([input_feed[v.name] for v in self.graph.inputs])
         return [np.array(o) for o in outs]   # copies, as onnxruntime returns: the arena is reused next run
