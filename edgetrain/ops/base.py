@@ -131,8 +131,10 @@ class NodeContext:
             return default
         value = self.consts[i]
         if value is None:
-            raise self.error(f"input {i} ('{what}', tensor '{self.node.inputs[i]}') must be a constant "
+            err = self.error(f"input {i} ('{what}', tensor '{self.node.inputs[i]}') must be a constant "
                              "or computable from shapes when planning")
+            err.needs_value = self.node.inputs[i]    # InferenceSession plans per value of small graph inputs
+            raise err
         return value
 
     def axes(self, i: int, attr: str = "axes") -> tuple[int, ...] | None:
