@@ -17,8 +17,11 @@ from ..ir.dtypes import FLOATS
 from .attrs import REQUIRED, Attr, check_attrs
 
 ALL_NUMERIC = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
-ANY = ALL_NUMERIC + tuple(np.dtype(t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.uint16,
-                                                 np.uint32, np.uint64, np.float16))
+SMALL_SIGNED = tuple(np.dtype(t) for t in (np.int8, np.int16))
+UNSIGNED = tuple(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
+NUMERIC = ALL_NUMERIC + SMALL_SIGNED + UNSIGNED     # every integer width ONNX's arithmetic ops declare
+SIGNED = ALL_NUMERIC + SMALL_SIGNED
+ANY = NUMERIC + tuple(np.dtype(t) for t in (np.bool_, np.float16))
 
 
 @dataclass(frozen=True)
