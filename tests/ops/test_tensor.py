@@ -68,7 +68,7 @@ def test_every_tensor_op_is_covered():
     tested = {"Constant", "ConstantOfShape", "Shape", "Size", "Cast", "Concat", "Dropout", "Expand",
               "Flatten", "Gather", "Identity", "Pad", "Reshape", "Resize", "Slice", "Split", "Squeeze",
               "Transpose", "Unsqueeze", "GatherGrad", "SliceGrad", "DropoutGrad", "ResizeGrad", "Range", "Tile",
-              "Trilu", "GatherElements", "GatherElementsGrad", "ScatterElements"}
+              "Trilu", "GatherElements", "GatherElementsGrad", "ScatterElements", "CastLike"}
     assert {op.op_type for op in tensor.OPS} <= tested
 
 
@@ -272,6 +272,19 @@ def test_cast(src, to):
     elif np.dtype(src).kind == "i":
         x[0, 0] = 0
     check("Cast", {"x": x}, attrs={"to": to})
+
+
+@pytest.mark.parametrize("src, like", [(np.float32, np.int64), (np.int32, np.float64), (np.float64, np.uint8)])
+def test_cast_like(src, like):
+    """The like input fed at run time (its values unread, its type all that counts) and as a constant."""
+    x = np.abs(rand((3, 5), src) * 3)
+    check("CastLike", {"x": x, "like": np.zeros(2, like)}, opset=19, oracle=run_onnxruntime)
+    check("CastLike", {"x": x}, consts={"like": np.zeros(2, like)}, opset=19, oracle=run_onnxruntime)
+
+
+def test_cast_like_rule():
+    grad_check("CastLike", ["x", "like"], {"x": rand((2, 3), F64, "castlike")}, {"like": np.zeros(1, F64)},
+               [(2, 3)], opset=19)
 
 
 # --- folded when planning ----------------------------------------------------------------------------------
