@@ -21,6 +21,7 @@ SMALL_SIGNED = tuple(np.dtype(t) for t in (np.int8, np.int16))
 UNSIGNED = tuple(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
 NUMERIC = ALL_NUMERIC + SMALL_SIGNED + UNSIGNED     # every integer width ONNX's arithmetic ops declare
 SIGNED = ALL_NUMERIC + SMALL_SIGNED
+INTEGERS = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64)) + UNSIGNED
 ANY = NUMERIC + tuple(np.dtype(t) for t in (np.bool_, np.float16))
 
 

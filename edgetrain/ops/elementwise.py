@@ -9,8 +9,8 @@ import numpy as np
 
 from ..ir import TensorType
 from ..ir.dtypes import FLOATS
-from .attrs import Flag, Float, String
-from .base import ALL_NUMERIC, ANY, NUMERIC, SIGNED, NodeContext, OpDef, broadcast_shapes
+from .attrs import REQUIRED, Flag, Float, String
+from .base import ALL_NUMERIC, ANY, INTEGERS, NUMERIC, SIGNED, NodeContext, OpDef, broadcast_shapes
 
 BOOL = np.dtype(np.bool_)
 LEAKY_ALPHA = Float(0.01)    # LeakyRelu's slope, which its gradient op LeakyReluGrad carries too
@@ -50,6 +50,16 @@ def _int_div(a, b):
         q = np.floor_divide(a, b)
         return q + ((np.remainder(a, b) != 0) & ((a < 0) != (b < 0))).astype(q.dtype)
     return np.true_divide(a, b)
+
+
+def _bitshift(ctx, x, y):
+    width = np.dtype(x.dtype).itemsize * 8
+    inside = (y >= 0) & (y < width)
+    safe = np.where(inside, y, 0).astype(x.dtype)
+    if ctx.attr("direction") == "LEFT":
+        return np.where(inside, np.left_shift(x, safe), 0).astype(x.dtype)
+    fill = np.where(x < 0, -1, 0) if np.issubdtype(x.dtype, np.signedinteger) else 0
+    return np.where(inside, np.right_shift(x, safe), fill).astype(x.dtype)
 
 
 def _sigmoid(x):
@@ -314,6 +324,12 @@ OPS = GRAD_OPS + (
     ew("Add", _np(np.add), NUMERIC, since=14),
     ew("And", _np(np.logical_and), (BOOL,), since=7),
     ew("Atan", _np(np.arctan), since=7),
+    ew("BitShift", _bitshift, INTEGERS, since=28, attrs={"direction": String(REQUIRED, ("LEFT", "RIGHT"))},
+       doc="opset 28: signed types; out-of-range shifts leave the sign fill"),
+    ew("BitwiseAnd", _np(np.bitwise_and), INTEGERS, since=18),
+    ew("BitwiseNot", _np(np.invert), INTEGERS, since=18),
+    ew("BitwiseOr", _np(np.bitwise_or), INTEGERS, since=18),
+    ew("BitwiseXor", _np(np.bitwise_xor), INTEGERS, since=18),
     ew("Ceil", _np(np.ceil)),
     ew("Clip", _clip, NUMERIC),
     ew("Cos", _np(np.cos), since=7),
@@ -362,5 +378,6 @@ OPS = GRAD_OPS + (
     ew("Sub", _np(np.subtract), NUMERIC, since=14),
     ew("Sum", _np(lambda *xs: sum(xs))),
     ew("Tanh", _np(np.tanh)),
+    ew("Xor", _np(np.logical_xor), (BOOL,), since=7),
     ew("Where", _np(np.where), ANY, t_inputs=[1, 2], cond_input=0, since=16),
 )
