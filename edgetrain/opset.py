@@ -32,7 +32,7 @@ COMPATIBLE = frozenset("""
     ConstantOfShape Conv ConvTranspose Cos Cosh CumSum DepthToSpace Div Einsum Elu Equal Erf Exp Expand Flatten
     Floor Gather GatherElements GatherND Gemm GlobalAveragePool GlobalMaxPool Greater GreaterOrEqual HardSigmoid
     Identity InstanceNormalization LRN LeakyRelu Less LessOrEqual Log LpNormalization MatMul Max MaxPool Mean Min
-    Mod Mul Neg Not OneHot Or PRelu Pad Pow Range Reciprocal ReduceL1 ReduceL2 ReduceLogSumExp ReduceMax ReduceMean
+    Mod Mul Neg Not OneHot Or PRelu Pow Range Reciprocal ReduceL1 ReduceL2 ReduceLogSumExp ReduceMax ReduceMean
     ReduceMin ReduceProd ReduceSumSquare Relu Reshape Resize ScatterElements ScatterND Selu Shape Sigmoid Sign Sin
     Sinh Size Softplus Softsign SpaceToDepth Sqrt Squeeze Sub Sum Tan Tanh Tile Transpose Unsqueeze Where Xor
 """.split())
@@ -42,9 +42,9 @@ def _const(name: str, value: np.ndarray) -> Node:
     return Node("Constant", [], [name], {"value": np.asarray(value)}, name)
 
 
-def _attr_to_input(attr: str, position: int, dtype, default=None):
-    """A rule moving attribute ``attr`` into input ``position`` (a Constant); absent: ``default``, or the input
-    stays empty."""
+def _attr_to_input(attr: str, position: int, dtype, default=None, vector: bool = False):
+    """A rule moving attribute ``attr`` into input ``position`` (a Constant, 1-D if ``vector``); absent:
+    ``default``, or the input stays empty."""
     def rule(node: Node, fresh) -> list[Node]:
         attrs = dict(node.attrs)
         value = attrs.pop(attr, default)
@@ -52,7 +52,8 @@ def _attr_to_input(attr: str, position: int, dtype, default=None):
         extra = []
         if value is not None:
             name = fresh(f"{node.name}_{attr}")
-            extra.append(_const(name, np.asarray(value, dtype)))
+            value = np.asarray(value, dtype)
+            extra.append(_const(name, value.reshape(-1) if vector else value))
             inputs.insert(position, name)
         else:
             inputs.insert(position, "")
@@ -146,13 +147,15 @@ UPGRADES = {
     "Clip": (11, _chain(_attr_to_input("min", 1, np.float32), _attr_to_input("max", 2, np.float32))),
     "Dropout": (12, _dropout),
     "LogSoftmax": (13, _softmax),
+    # Pad-2..10: pads and the (float) value as inputs; the kernel writes the value in the data's type
+    "Pad": (11, _chain(_attr_to_input("pads", 1, np.int64), _attr_to_input("value", 2, np.float32))),
     "ReduceSum": (13, _attr_to_input("axes", 1, np.int64)),
     "Resize": (11, _resize_10),
     "Scatter": (11, _rename("ScatterElements")),
     "Slice": (10, _slice),
     "Softmax": (13, _softmax),
     "Split": (13, _attr_to_input("split", 1, np.int64)),
-    "TopK": (10, _attr_to_input("k", 1, np.int64)),
+    "TopK": (10, _attr_to_input("k", 1, np.int64, vector=True)),
     "Upsample": (10, _upsample),
 }
 

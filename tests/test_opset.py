@@ -30,6 +30,9 @@ CASES = {
                           {"x": IMG, "s": np.array([1, 1, 2, 2], np.float32)}),
     "batchnorm-7 spatial": (helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y"], spatial=1), 7,
                             {"x": IMG, **{k: rng.random(2).astype(np.float32) + 0.5 for k in "gbmv"}}),
+    "pad-2 attributes": (helper.make_node("Pad", ["x"], ["y"], pads=[0, 1, 0, 1, 0, 2], value=1.5), 2, {"x": X}),
+    "pad-2 reflect": (helper.make_node("Pad", ["x"], ["y"], pads=[0, 0, 1, 0, 0, 2], mode="reflect"), 2,
+                      {"x": X}),
     "add at the newest opset": (helper.make_node("Add", ["x", "x"], ["y"]), onnx.defs.onnx_opset_version(),
                                 {"x": X}),
 }
