@@ -9,14 +9,15 @@ import onnx
 from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
-from . import atomic
+from . import atomic, opset
 from .errors import ModelLoadError, UnsupportedOpError
 from .ir import Graph, Node, SequenceType, TensorType, Value
 from .ir.dtypes import to_numpy, to_onnx
 from .ops import check_attributes
 from .reading import read_regular
 
-SUPPORTED_ONNX_OPSETS = range(13, 22)
+# 1-12 are brought to their opset-13 form at load (edgetrain.opset); the newest is what the installed onnx defines
+SUPPORTED_ONNX_OPSETS = range(1, onnx.defs.onnx_opset_version() + 1)
 
 
 def load_model(model) -> onnx.ModelProto:
@@ -110,7 +111,7 @@ def to_graph(model) -> Graph:
     if onnx_opset is not None and onnx_opset not in SUPPORTED_ONNX_OPSETS:
         raise UnsupportedOpError(f"model imports ai.onnx opset {onnx_opset}; supported opsets are "
                                  f"{SUPPORTED_ONNX_OPSETS.start}-{SUPPORTED_ONNX_OPSETS.stop - 1} "
-                                 "(convert it with onnx.version_converter)")
+                                 "(those the installed onnx package defines)")
     g = proto.graph
     initializers = {}
     for t in g.initializer:
@@ -132,7 +133,11 @@ def to_graph(model) -> Graph:
                 and all(d.dim_value >= 0 for d in dims)):
             value_types[vi.name] = _tensor_type(vi, "value")
     graph = Graph(nodes, inputs, outputs, initializers, opsets, value_types, g.name or "graph")
-    return check_attributes(graph.verify())
+    return check_attributes(opset.upgrade(graph, _schema_changed).verify())
+
+
+def _schema_changed(op_type: str, old: int, new: int) -> bool:
+    return schema_since_version(op_type, old) != schema_since_version(op_type, new)
 
 
 _KNOWN_ELEM_TYPES = {1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13}

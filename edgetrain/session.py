@@ -6,11 +6,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import budget
-from .errors import InputError
+from .errors import InputError, ShapeError
 from .ir import Graph, TensorType, Value
 from .ir.dtypes import ORT_TYPE_NAME
 from .plan import make_plan
 from .runtime import Program
+
+
+VALUE_INPUT_SIZE = 64    # elements: inputs up to this size may be planned per value (shape, axes, pads, limits)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ def bind_feeds(inputs: list[Value], feeds: dict[str, np.ndarray], where: str) ->
         if v.name not in feeds:
             raise InputError(f"{where}: missing input '{v.name}' (expected {v.type})")
         x = feeds[v.name]
+        if isinstance(x, np.generic):       # a numpy scalar (np.float32(2)) is a 0-d tensor, as onnxruntime takes it
+            x = np.asarray(x)
         if not isinstance(x, np.ndarray):
             raise InputError(f"{where}: input '{v.name}' must be a numpy array (expected {v.type}), "
                              f"got {type(x).__name__}")
@@ -74,6 +79,7 @@ class InferenceSession:
         self.graph: Graph = load_graph(model)      # ONNX, or a compact .etm model (no onnx needed)
         self.max_memory = budget.resolve(max_memory)     # None: the default budget (edgetrain.budget)
         self._programs: dict[tuple, Program] = {}
+        self._value_inputs: set[str] = set()     # inputs planned per value (``_plan``)
         self._where = f"model '{model}'" if isinstance(model, str) else f"graph '{self.graph.name}'"
 
     def get_inputs(self) -> list[NodeArg]:
@@ -91,18 +97,52 @@ class InferenceSession:
         """The Program for these feeds' shapes (planned and compiled on first use)."""
         output_names = list(output_names or [v.name for v in self.graph.outputs])
         types = bind_feeds(self.graph.inputs, feeds, self._where)
-        key = (tuple((n, t.shape) for n, t in types.items()), tuple(output_names))
-        prog = self._programs.get(key)
+        prog = self._programs.get(self._key(types, output_names, feeds))
         if prog is None:
-            plan = make_plan(self.graph, types, output_names, max_memory=self.max_memory)
-            prog = self._programs[key] = Program(plan)
+            prog = Program(self._plan(types, output_names, feeds))
+            self._programs[self._key(types, output_names, feeds)] = prog    # the value inputs it needed, too
         return prog
+
+    def _key(self, types, output_names, feeds) -> tuple:
+        values = tuple((n, feeds[n].dtype.str, feeds[n].tobytes()) for n in sorted(self._value_inputs))
+        return tuple((n, t.shape) for n, t in types.items()), tuple(output_names), values
+
+    def _plan(self, types, output_names, feeds):
+        """Plan for these feeds. A small input whose value a shape rule needs (a Reshape's shape, Pad's pads,
+        a Range's limit fed at run time) becomes a constant of the plan, as input shapes are: one plan per value."""
+        while True:
+            consts = dict(self.graph.initializers, **{n: feeds[n] for n in self._value_inputs})
+            fed = {n: t for n, t in types.items() if n not in self._value_inputs}
+            try:
+                return make_plan(self.graph, fed, output_names, consts=consts, max_memory=self.max_memory)
+            except ShapeError as e:
+                new = self._inputs_behind(getattr(e, "needs_value", None), feeds)
+                if not new:
+                    raise
+                self._value_inputs |= new
+
+    def _inputs_behind(self, name: str | None, feeds) -> set[str]:
+        """The small graph inputs (at most VALUE_INPUT_SIZE elements) ``name`` is computed from, not yet planned
+        per value."""
+        producers = self.graph.producers()
+        found, todo, seen = set(), [name] if name else [], set()
+        while todo:
+            n = todo.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n in feeds and n not in self._value_inputs and np.asarray(feeds[n]).size <= VALUE_INPUT_SIZE:
+                found.add(n)
+            elif n in producers:
+                todo.extend(i for i in producers[n].inputs if i)
+        return found
 
     def run(self, output_names, input_feed: dict[str, np.ndarray], run_options=None) -> list[np.ndarray]:
         known = {v.name for v in self.graph.outputs}
         for name in output_names or []:
             if name not in known:
                 raise InputError(f"{self._where}: '{name}' is not an output; outputs: {sorted(known)}")
+        input_feed = {k: np.asarray(x) if isinstance(x, np.generic) else x for k, x in input_feed.items()}
         prog = self.program(input_feed, output_names)
-        outs = prog.run([input_feed[v.name] for v in self.graph.inputs])
+        outs = prog.run([input_feed[n] for n in prog.plan.fed_inputs])
         return [np.array(o) for o in outs]   # copies, as onnxruntime returns: the arena is reused next run

@@ -59,11 +59,25 @@ def _sigmoid(a, k):
     return f"({one} / ({one} + math.exp(-{x})) if {x} >= 0 else math.exp({x}) / ({one} + math.exp({x})))"
 
 
+def _bitshift(a, k):
+    """BitShift-28: a shift by a negative amount or by the type's width or more leaves only the sign fill (-1 for
+    a right shift of a negative x, else 0); a right shift of a signed x is arithmetic."""
+    x, y, width = a[0], a[1], int("".join(c for c in k.T if c.isdigit()))
+    if k.attr("direction") == "LEFT":
+        return f"({k.T}({x} << {y}) if 0 <= {y} < {width} else {k.T}(0))"
+    return f"({k.T}({x} >> {y}) if 0 <= {y} < {width} else ({k.T}(-1) if {x} < 0 else {k.T}(0)))"
+
+
 SCALAR = {
     "Abs": lambda a, k: f"abs({a[0]})",
     "Add": lambda a, k: f"{a[0]} + {a[1]}",
     "And": lambda a, k: f"{a[0]} and {a[1]}",
     "Atan": lambda a, k: f"math.atan({a[0]})",
+    "BitShift": _bitshift,
+    "BitwiseAnd": lambda a, k: f"{a[0]} & {a[1]}",
+    "BitwiseNot": lambda a, k: f"~{a[0]}",
+    "BitwiseOr": lambda a, k: f"{a[0]} | {a[1]}",
+    "BitwiseXor": lambda a, k: f"{a[0]} ^ {a[1]}",
     "Ceil": lambda a, k: f"np.ceil({a[0]})",   # math.ceil returns an int (wrong for inf/nan/huge)
     "Clip": _clip,
     "Cos": lambda a, k: f"math.cos({a[0]})",
@@ -107,6 +121,7 @@ SCALAR = {
     "Sum": lambda a, k: f"({' + '.join(a)})",
     "Tanh": lambda a, k: f"math.tanh({a[0]})",
     "Where": lambda a, k: f"({a[1]} if {a[0]} else {a[2]})",
+    "Xor": lambda a, k: f"{a[0]} != {a[1]}",
 }
 
 # onnxruntime's element-wise gradient ops (com.microsoft); inputs are (dY, X or Y). GeluGrad's Gaussian is

@@ -398,5 +398,7 @@ def _lp_normalize(x, y, squared):
                 v = x[o, r, i]
                 s += v * v if squared else abs(v)
             norm = np.sqrt(s) if squared else s
+            if norm == 0.0:     # an all-zero column stays zero (ONNX's reference), not 0/0
+                norm = 1.0
             for r in range(n):
                 y[o, r, i] = x[o, r, i] / norm

@@ -25,5 +25,8 @@ def run(args) -> int:
     print(f"{'op':{widths[0]}}  {'domain':{widths[1]}}  {'since':{widths[2]}}  {'gradient':{widths[3]}}  types")
     for r in rows:
         print(f"{r[0]:{widths[0]}}  {r[1]:{widths[1]}}  {r[2]:{widths[2]}}  {r[3]:{widths[3]}}  {r[4]}")
-    print(f"{len(rows)} ops; models load at ai.onnx opsets 13-21")
+    from ..onnx_io import SUPPORTED_ONNX_OPSETS
+
+    print(f"{len(rows)} ops; models load at ai.onnx opsets {SUPPORTED_ONNX_OPSETS.start}-"
+          f"{SUPPORTED_ONNX_OPSETS.stop - 1} (those before 13 brought to their opset-13 form)")
     return 0

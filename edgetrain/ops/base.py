@@ -17,8 +17,12 @@ from ..ir.dtypes import FLOATS
 from .attrs import REQUIRED, Attr, check_attrs
 
 ALL_NUMERIC = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
-ANY = ALL_NUMERIC + tuple(np.dtype(t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.uint16,
-                                                 np.uint32, np.uint64, np.float16))
+SMALL_SIGNED = tuple(np.dtype(t) for t in (np.int8, np.int16))
+UNSIGNED = tuple(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
+NUMERIC = ALL_NUMERIC + SMALL_SIGNED + UNSIGNED     # every integer width ONNX's arithmetic ops declare
+SIGNED = ALL_NUMERIC + SMALL_SIGNED
+INTEGERS = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64)) + UNSIGNED
+ANY = NUMERIC + tuple(np.dtype(t) for t in (np.bool_, np.float16))
 
 
 @dataclass(frozen=True)
@@ -133,8 +137,10 @@ class NodeContext:
             return default
         value = self.consts[i]
         if value is None:
-            raise self.error(f"input {i} ('{what}', tensor '{self.node.inputs[i]}') must be a constant "
+            err = self.error(f"input {i} ('{what}', tensor '{self.node.inputs[i]}') must be a constant "
                              "or computable from shapes when planning")
+            err.needs_value = self.node.inputs[i]    # InferenceSession plans per value of small graph inputs
+            raise err
         return value
 
     def axes(self, i: int, attr: str = "axes") -> tuple[int, ...] | None:

@@ -9,12 +9,11 @@ import numpy as np
 
 from ..ir import TensorType
 from ..ir.dtypes import FLOATS
-from .attrs import Flag, Float, String
-from .base import ALL_NUMERIC, NodeContext, OpDef, broadcast_shapes
+from .attrs import REQUIRED, Flag, Float, String
+from .base import ALL_NUMERIC, ANY, INTEGERS, NUMERIC, SIGNED, NodeContext, OpDef, broadcast_shapes
 
 BOOL = np.dtype(np.bool_)
 LEAKY_ALPHA = Float(0.01)    # LeakyRelu's slope, which its gradient op LeakyReluGrad carries too
-NUMERIC_AND_BOOL = ALL_NUMERIC + (BOOL,)
 
 
 def _rule(out_dtype=None, same_dtype_inputs=None, cond_input=None, unidirectional=False):
@@ -51,6 +50,16 @@ def _int_div(a, b):
         q = np.floor_divide(a, b)
         return q + ((np.remainder(a, b) != 0) & ((a < 0) != (b < 0))).astype(q.dtype)
     return np.true_divide(a, b)
+
+
+def _bitshift(ctx, x, y):
+    width = np.dtype(x.dtype).itemsize * 8
+    inside = (y >= 0) & (y < width)
+    safe = np.where(inside, y, 0).astype(x.dtype)
+    if ctx.attr("direction") == "LEFT":
+        return np.where(inside, np.left_shift(x, safe), 0).astype(x.dtype)
+    fill = np.where(x < 0, -1, 0) if np.issubdtype(x.dtype, np.signedinteger) else 0
+    return np.where(inside, np.right_shift(x, safe), fill).astype(x.dtype)
 
 
 def _sigmoid(x):
@@ -311,57 +320,64 @@ GRAD_OPS = (
 
 
 OPS = GRAD_OPS + (
-    ew("Abs", _np(np.abs), ALL_NUMERIC),
-    ew("Add", _np(np.add), ALL_NUMERIC, since=14),
+    ew("Abs", _np(np.abs), NUMERIC),
+    ew("Add", _np(np.add), NUMERIC, since=14),
     ew("And", _np(np.logical_and), (BOOL,), since=7),
     ew("Atan", _np(np.arctan), since=7),
+    ew("BitShift", _bitshift, INTEGERS, since=28, attrs={"direction": String(REQUIRED, ("LEFT", "RIGHT"))},
+       doc="opset 28: signed types; out-of-range shifts leave the sign fill"),
+    ew("BitwiseAnd", _np(np.bitwise_and), INTEGERS, since=18),
+    ew("BitwiseNot", _np(np.invert), INTEGERS, since=18),
+    ew("BitwiseOr", _np(np.bitwise_or), INTEGERS, since=18),
+    ew("BitwiseXor", _np(np.bitwise_xor), INTEGERS, since=18),
     ew("Ceil", _np(np.ceil)),
-    ew("Clip", _clip, ALL_NUMERIC),
+    ew("Clip", _clip, NUMERIC),
     ew("Cos", _np(np.cos), since=7),
-    ew("Div", _np(_int_div), ALL_NUMERIC, since=14),
+    ew("Div", _np(_int_div), NUMERIC, since=14),
     ew("Elu", lambda ctx, x: np.where(x > 0, x, ctx.attr("alpha") * np.expm1(np.minimum(x, 0))), since=6,
        attrs={"alpha": Float(1.0)}),
-    ew("Equal", _np(np.equal), NUMERIC_AND_BOOL, out_dtype=BOOL, since=19),
+    ew("Equal", _np(np.equal), NUMERIC + (BOOL,), out_dtype=BOOL, since=19),
     ew("Erf", _erf),
     ew("Exp", _np(np.exp)),
     ew("Floor", _np(np.floor)),
     ew("Gelu", _gelu, since=20, attrs={"approximate": String("none", ("none", "tanh"))},
        doc="approximate none (erf form) or tanh"),
     ew("Gelu", _gelu, domain="com.microsoft", since=1, doc="erf form"),
-    ew("Greater", _np(np.greater), ALL_NUMERIC, out_dtype=BOOL),
-    ew("GreaterOrEqual", _np(np.greater_equal), ALL_NUMERIC, out_dtype=BOOL, since=16),
+    ew("Greater", _np(np.greater), NUMERIC, out_dtype=BOOL),
+    ew("GreaterOrEqual", _np(np.greater_equal), NUMERIC, out_dtype=BOOL, since=16),
     ew("HardSigmoid", lambda ctx, x: np.clip(ctx.attr("alpha") * x + ctx.attr("beta"), 0, 1), since=6,
        attrs={"alpha": Float(0.2), "beta": Float(0.5)}),
     ew("HardSwish", lambda ctx, x: x * np.clip(x / 6 + 0.5, 0, 1), since=14),
     ew("LeakyRelu", lambda ctx, x: np.where(x >= 0, x, ctx.attr("alpha") * x), since=16,
        attrs={"alpha": LEAKY_ALPHA}),
-    ew("Less", _np(np.less), ALL_NUMERIC, out_dtype=BOOL),
-    ew("LessOrEqual", _np(np.less_equal), ALL_NUMERIC, out_dtype=BOOL, since=16),
+    ew("Less", _np(np.less), NUMERIC, out_dtype=BOOL),
+    ew("LessOrEqual", _np(np.less_equal), NUMERIC, out_dtype=BOOL, since=16),
     ew("Log", _np(np.log)),
-    ew("Max", _np(lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs))), ALL_NUMERIC),
+    ew("Max", _np(lambda *xs: np.maximum.reduce(np.broadcast_arrays(*xs))), NUMERIC),
     ew("Mean", _np(lambda *xs: sum(xs) / len(xs))),
-    ew("Min", _np(lambda *xs: np.minimum.reduce(np.broadcast_arrays(*xs))), ALL_NUMERIC),
-    ew("Mod", _mod, ALL_NUMERIC, since=13, attrs={"fmod": Flag(0)}),
-    ew("Mul", _np(np.multiply), ALL_NUMERIC, since=14),
-    ew("Neg", _np(np.negative), ALL_NUMERIC),
+    ew("Min", _np(lambda *xs: np.minimum.reduce(np.broadcast_arrays(*xs))), NUMERIC),
+    ew("Mod", _mod, NUMERIC, since=13, attrs={"fmod": Flag(0)}),
+    ew("Mul", _np(np.multiply), NUMERIC, since=14),
+    ew("Neg", _np(np.negative), SIGNED),
     ew("Not", _np(np.logical_not), (BOOL,), since=1),
     ew("Or", _np(np.logical_or), (BOOL,), since=7),
     ew("PRelu", _np(lambda x, s: np.where(x >= 0, x, s * x)), ALL_NUMERIC, unidirectional=True, since=16),
     ew("Pow", _np(np.power), ALL_NUMERIC, t_inputs=[0], since=15),
     ew("Reciprocal", _np(np.reciprocal)),
-    ew("Relu", _np(lambda x: np.maximum(x, 0)), ALL_NUMERIC, since=14),
+    ew("Relu", _np(lambda x: np.maximum(x, 0)), SIGNED, since=14),
     ew("Scale", lambda ctx, x, s: x / s if ctx.attr("scale_down") else x * s, domain="com.microsoft",
        t_inputs=[0], since=1, attrs={"scale_down": Flag(0)}),
     ew("Selu", lambda ctx, x: ctx.attr("gamma") * np.where(
         x > 0, x, ctx.attr("alpha") * np.expm1(np.minimum(x, 0))), since=6,
        attrs={"alpha": Float(1.67326319217681884765625), "gamma": Float(1.05070102214813232421875)}),
     ew("Sigmoid", _np(_sigmoid)),
-    ew("Sign", _np(np.sign), ALL_NUMERIC),
+    ew("Sign", _np(np.sign), NUMERIC),
     ew("Sin", _np(np.sin), since=7),
     ew("Softplus", _np(lambda x: np.logaddexp(x, 0)), since=1),
     ew("Sqrt", _np(np.sqrt)),
-    ew("Sub", _np(np.subtract), ALL_NUMERIC, since=14),
+    ew("Sub", _np(np.subtract), NUMERIC, since=14),
     ew("Sum", _np(lambda *xs: sum(xs))),
     ew("Tanh", _np(np.tanh)),
-    ew("Where", _np(np.where), ALL_NUMERIC + (BOOL,), t_inputs=[1, 2], cond_input=0, since=16),
+    ew("Xor", _np(np.logical_xor), (BOOL,), since=7),
+    ew("Where", _np(np.where), ANY, t_inputs=[1, 2], cond_input=0, since=16),
 )

@@ -138,6 +138,14 @@ def _cast(ctx):
     return [TensorType(to_numpy(ctx.attr("to"), f"{ctx.node} attribute 'to'"), ctx.shape(0))]
 
 
+def _cast_like(ctx):
+    return [TensorType(ctx.type(1).dtype, ctx.shape(0))]
+
+
+def _cast_like_vjp(g, dys):
+    return _cast_vjp(g, dys) + [None]
+
+
 def _concat(ctx):
     present = [i for i in range(len(ctx.node.inputs)) if ctx.has_input(i)]
     if not present:
@@ -805,6 +813,9 @@ DROPOUT_ATTRS = {"seed": Int()}
 OPS = OPS_FOLD + (
     OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY, vjp=_cast_vjp,
           attrs={"saturate": Flag(1), "to": Int(REQUIRED)}),
+    OpDef("CastLike", _cast_like, since=19, kind="lowered", fold=lambda ctx, x, like: x.astype(like.dtype),
+          dtypes=ANY, vjp=_cast_like_vjp, attrs={"saturate": Flag(1)},
+          doc="lowered to Cast to the element type of input 1 (plan/lower.py)"),
     OpDef("Concat", _concat, kernel="tensor.concat", dtypes=ANY, vjp=_concat_vjp, attrs={"axis": Int(REQUIRED)}),
     OpDef("Dropout", _dropout, kernel="tensor.dropout", deterministic=False, attrs=DROPOUT_ATTRS,
           workspace=lambda ctx: [TensorType(np.float32, ctx.shape(0))], vjp=_dropout_vjp, grad_outputs=2,

@@ -20,7 +20,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..ir import Node, TensorType
-from ..ir.dtypes import FLOATS
+from ..ir.dtypes import FLOATS, to_onnx
 from ..ops import OP_TABLE, NodeContext
 from ..ops.conv import CONV_ATTRS
 from ..ops.normalization import bn_training_mode
@@ -134,6 +134,14 @@ def _dropout(e: _Emitter, b: Bound) -> bool:
     return True
 
 
+def _cast_like(e: _Emitter, b: Bound) -> bool:
+    """CastLike(x, like) is Cast(x, to=like's element type), known once types are."""
+    ctx, node = b.ctx, b.node
+    e.emit(node, "Cast", [node.inputs[0]], [node.outputs[0]], [ctx.out(0)],
+           {"to": to_onnx(ctx.out(0).dtype), "saturate": ctx.attr("saturate")}, opset=19)
+    return True
+
+
 def _variadic(e: _Emitter, b: Bound) -> bool:
     ctx, node = b.ctx, b.node
     if len(node.inputs) <= MAX_FUSED_INPUTS:
@@ -200,7 +208,7 @@ def _gemm_reading(e: _Emitter, b: Bound, folded: dict[str, str]) -> None:
 
 
 RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "ConvTranspose"): _conv, ("", "Dropout"): _dropout,
-         ("", "BatchNormalization"): _batch_norm_inference,
+         ("", "BatchNormalization"): _batch_norm_inference, ("", "CastLike"): _cast_like,
          ("", "Sum"): _variadic, ("", "Mean"): _variadic, ("", "Max"): _variadic, ("", "Min"): _variadic}
 
 

@@ -23,6 +23,8 @@ pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage (.ci/run, RE
 F32, F64, I64, BOOL = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.bool_)
 FLOATS = (F32, F64)
 NUMERIC = (F32, F64, I64)
+NARROW = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.uint32, np.uint64))
+INTEGERS = (np.dtype(np.int32), I64) + NARROW
 
 
 def rng_for(*key) -> np.random.Generator:
@@ -63,6 +65,9 @@ def values(rng, shape, dtype, domain="any"):
     dtype = np.dtype(dtype)
     if dtype == BOOL:
         return np.asarray(rng.random(shape) < 0.5)
+    if dtype.kind == "u":
+        return np.asarray(rng.integers(0, 60 if domain != "nonzero" else 8, size=shape) + (domain == "nonzero"),
+                          dtype)
     if dtype.kind == "i":
         lo, hi = {"any": (-20, 21), "small": (-3, 4), "exp": (0, 4), "nonzero": (1, 8)}.get(domain, (-20, 21))
         x = rng.integers(lo, hi, size=shape).astype(dtype)
@@ -169,6 +174,29 @@ def scale_inputs(rng, dt, pattern):
     return {"x": x, "scale": np.array(rng.uniform(0.5, 2.0), np.float32)}
 
 
+def shift_inputs(rng, dt, pattern):
+    sa, sb = shapes_for(pattern, rng)
+    bits = dt.itemsize * 8
+    lo = -2 if dt.kind == "i" else 0
+    return {"x": values(rng, sa, dt), "y": rng.integers(lo, bits + 3, size=sb).astype(dt)}
+
+
+def shift_oracle(attrs, x, y):
+    """BitShift-28 in Python integers: out-of-range shifts leave the sign fill; left shifts wrap to the type."""
+    x, y = np.broadcast_arrays(x, y)
+    bits, dt = x.dtype.itemsize * 8, x.dtype
+    out = []
+    for a, b in zip(x.reshape(-1).tolist(), y.reshape(-1).tolist()):
+        if not 0 <= b < bits:
+            out.append(-1 if attrs["direction"] == "RIGHT" and a < 0 else 0)
+        elif attrs["direction"] == "LEFT":
+            v = (a << b) & ((1 << bits) - 1)
+            out.append(v - (1 << bits) if dt.kind == "i" and v >= 1 << (bits - 1) else v)
+        else:
+            out.append(a >> b)
+    return np.array(out, dt).reshape(x.shape)
+
+
 def _erf(x):
     return np.vectorize(math.erf, otypes=[np.float64])(x)
 
@@ -236,6 +264,15 @@ CASES = (
                                                               "LessOrEqual")]
     + [Case("Equal", binary(), (BOOL,), label="bool"), Case("And", binary(), (BOOL,)),
        Case("Or", binary(), (BOOL,))]
+    + [Case("Xor", binary(), (BOOL,))]
+    + [Case(op, binary(), NARROW, label="narrow") for op in ("Add", "Sub", "Mul", "Max", "Min", "Less")]
+    + [Case("Div", binary("any", "nonzero"), NARROW, label="narrow")]
+    # opset 18+ ops beyond the reference evaluator's opset 17 models here: numpy's integer ops are the oracle
+    + [Case(op, binary(), INTEGERS, oracle=lambda attrs, a, b, f=f: f(a, b))
+       for op, f in (("BitwiseAnd", np.bitwise_and), ("BitwiseOr", np.bitwise_or), ("BitwiseXor", np.bitwise_xor))]
+    + [Case("BitwiseNot", unary(), INTEGERS, oracle=lambda attrs, x: np.invert(x))]
+    + [Case("BitShift", shift_inputs, INTEGERS, attrs={"direction": d}, oracle=shift_oracle, label=d.lower())
+       for d in ("LEFT", "RIGHT")]
     + [Case("PRelu", prelu, NUMERIC), Case("Where", where, NUMERIC + (BOOL,))]
     + [Case("Clip", clip(lo, hi), NUMERIC, label=f"min{int(lo)}_max{int(hi)}")
        for lo in (False, True) for hi in (False, True)]
