@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from ..errors import UnsupportedOpError
 from ..ir import Graph, Node
-from . import conv, elementwise, matmul, normalization, pool, reduce, softmax, tensor, training
+from . import conv, elementwise, matmul, normalization, pool, reduce, rnn, softmax, tensor, training
 from .base import NodeContext, OpDef
 
-FAMILIES = (conv, elementwise, matmul, normalization, pool, reduce, softmax, tensor, training)
+FAMILIES = (conv, elementwise, matmul, normalization, pool, reduce, softmax, tensor, training, rnn)
 
 
 def _build_table() -> dict[tuple[str, str], OpDef]:

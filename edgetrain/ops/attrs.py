@@ -24,7 +24,7 @@ MAX_LIST = 1 << 16           # entries of an ints/floats attribute (pads, perm, 
 
 @dataclass(frozen=True)
 class Attr:
-    """One attribute: ``kind`` (int, float, string, ints, floats, tensor), its default (``REQUIRED``, or None
+    """One attribute: ``kind`` (int, float, string, ints, floats, strings, tensor), its default (``REQUIRED``, or None
     for an optional attribute without one), allowed values (``choices``, empty: any) and an inclusive range
     for ints (``low``/``high``)."""
     kind: str
@@ -138,6 +138,8 @@ def check_value(value, spec: Attr, where: str):
         return tuple(_check_float(x, f"{where}[{k}]") for k, x in enumerate(_check_list(value, where)))
     if spec.kind == "tensor":
         return _check_tensor(value, where)
+    if spec.kind == "strings":
+        return tuple(_check_string(x, spec, f"{where}[{k}]") for k, x in enumerate(_check_list(value, where)))
     raise AssertionError(f"unknown attribute kind {spec.kind}")
 
 
@@ -161,3 +163,8 @@ def _show(v) -> str:
     """A short, printable rendering of a value from a file (it may be hostile or huge)."""
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def Strings(default=None) -> Attr:  # noqa: N802
+    """A list of strings (RNN activations); the op's shape rule checks the values."""
+    return Attr("strings", default)
