@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from ..errors import UnsupportedOpError
 from ..ir import Graph, Node
-from . import conv, elementwise, matmul, normalization, pool, reduce, rnn, softmax, tensor, training
+from . import conv, einsum, elementwise, matmul, normalization, pool, reduce, rnn, softmax, tensor, training
 from .base import NodeContext, OpDef
 
-FAMILIES = (conv, elementwise, matmul, normalization, pool, reduce, softmax, tensor, training, rnn)
+FAMILIES = (conv, elementwise, matmul, normalization, pool, reduce, softmax, tensor, training, rnn, einsum)
 
 
 def _build_table() -> dict[tuple[str, str], OpDef]:
@@ -32,7 +32,6 @@ def supported_ops() -> list[str]:
 
 # near alternatives for ops users meet that the table lacks: what to export instead
 ALTERNATIVES = {
-    ("", "Einsum"): "export the contraction as MatMul/Transpose (e.g. torch.matmul instead of torch.einsum)",
     ("", "NegativeLogLikelihoodLoss"): "use SoftmaxCrossEntropyLoss (the CrossEntropy loss of edgetrain.artifacts)",
 }
 

@@ -32,6 +32,7 @@ class Attr:
     choices: tuple = ()
     low: int = INT64[0]
     high: int = INT64[1]
+    alphabet: str = ""           # free-form strings (an Einsum equation): the characters allowed, empty: any
 
 
 def Int(default=None, choices=(), low: int = INT64[0], high: int = INT64[1]) -> Attr:  # noqa: N802
@@ -103,6 +104,8 @@ def _check_string(v, spec: Attr, where: str) -> str:
         raise AttributeValueError(f"{where} must be a string, got {type(v).__name__} {_show(v)}")
     if spec.choices and v not in spec.choices:
         raise AttributeValueError(f"{where} is {_show(v)}; allowed: {', '.join(spec.choices)}")
+    if spec.alphabet and not set(v) <= set(spec.alphabet):
+        raise AttributeValueError(f"{where} is {_show(v)}; allowed characters: {spec.alphabet}")
     return v
 
 
@@ -168,3 +171,8 @@ def _show(v) -> str:
 def Strings(default=None) -> Attr:  # noqa: N802
     """A list of strings (RNN activations); the op's shape rule checks the values."""
     return Attr("strings", default)
+
+
+def Text(default, alphabet: str) -> Attr:  # noqa: N802
+    """A free-form string of the characters in ``alphabet``."""
+    return Attr("string", default, alphabet=alphabet)
