@@ -24,9 +24,9 @@ MAX_LIST = 1 << 16           # entries of an ints/floats attribute (pads, perm, 
 
 @dataclass(frozen=True)
 class Attr:
-    """One attribute: ``kind`` (int, float, string, ints, floats, strings, tensor), its default (``REQUIRED``, or None
-    for an optional attribute without one), allowed values (``choices``, empty: any) and an inclusive range
-    for ints (``low``/``high``)."""
+    """One attribute: ``kind`` (int, float, string, ints, floats, strings, tensor), its default (``REQUIRED``,
+    or None for an optional attribute without one), allowed values (``choices``, empty: any), an inclusive
+    range for ints (``low``/``high``) and the characters a free-form string may hold (``alphabet``)."""
     kind: str
     default: Any = None
     choices: tuple = ()

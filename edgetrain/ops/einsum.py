@@ -4,7 +4,8 @@
 Two operands run as one batched GEMM: each letter is a batch letter (in both operands and the output), a free
 letter of one operand (and the output) or a contracted one (in both operands, not the output); the
 operands are permuted to [batch..., free, contracted] and [batch..., contracted, free] and multiplied by
-np.matmul, whose batch broadcasting covers ellipsis dims of size 1. One operand runs as numpy's einsum (a transpose and sums).
+np.matmul, whose batch broadcasting covers ellipsis dims of size 1. One operand runs as numpy's einsum (a
+transpose and sums).
 Refused with an error naming the letter: a letter repeated within an operand (diagonals), a letter summed
 away in only one of two operands, three or more operands.
 """
