@@ -7,10 +7,24 @@ from __future__ import annotations
 
 from ..errors import UnsupportedOpError
 from ..ir import Graph, Node
-from . import conv, einsum, elementwise, matmul, normalization, pool, reduce, rnn, softmax, tensor, training
+from . import (
+    conv,
+    einsum,
+    elementwise,
+    indexing,
+    matmul,
+    normalization,
+    pool,
+    reduce,
+    rnn,
+    softmax,
+    tensor,
+    training,
+)
 from .base import NodeContext, OpDef
 
-FAMILIES = (conv, elementwise, matmul, normalization, pool, reduce, softmax, tensor, training, rnn, einsum)
+FAMILIES = (conv, elementwise, matmul, normalization, pool, reduce, softmax, tensor, training, rnn, einsum,
+            indexing)
 
 
 def _build_table() -> dict[tuple[str, str], OpDef]:
