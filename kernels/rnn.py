@@ -390,6 +390,7 @@ def _backward(ctx, cell):
     at = GRAD_INPUTS[ctx.node.op_type]
     gh, hidden, rows = v.gh, g.hidden, g.seq * g.batch
     lbr = g.linear_before_reset
+    dp_scratch = np.empty(3 * hidden, v.dtype)     # peephole gradients nobody asked for
 
     def run(*args):
         ins = list(args[:n_in]) + [None] * (14 - n_in)
@@ -422,7 +423,7 @@ def _backward(ctx, cell):
                 dyc = ins[at["dY_c"]]
                 np.copyto(dc, v.state(dyc)[d] if dyc is not None else v.zeros_step)
                 p = (v.zeros_p if ins[7] is None else ins[7])[d]
-                dp = outs[6][d] if outs[6] is not None else np.empty(3 * hidden, v.dtype)
+                dp = outs[6][d] if outs[6] is not None else dp_scratch
                 dp[:] = 0
                 for t in steps:
                     _lstm_back(dy4[t, d] if dy4 is not None else dh, dy4 is not None, iofc4[t, d],
