@@ -233,10 +233,13 @@ def _grad_workspace(ctx: NodeContext):
 # --- training forms and gradient rules --------------------------------------------------------------------
 
 def _train_form(op_type: str, n_out: int):
+    """The node as its com.microsoft training op with every output; layout=0 is dropped as onnxruntime drops
+    it (its LSTMTraining/GRUTraining schemas have no layout attribute)."""
     def form(node, opset):
         from ..ir import Node
         outputs = (list(node.outputs) + [""] * n_out)[:n_out]
-        return Node(op_type, list(node.inputs), outputs, dict(node.attrs), node.name, MS)
+        attrs = {k: v for k, v in node.attrs.items() if k != "layout" or v != 0}
+        return Node(op_type, list(node.inputs), outputs, attrs, node.name, MS)
     return form
 
 

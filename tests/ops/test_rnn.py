@@ -234,3 +234,17 @@ def test_sequence_length_out_of_range_is_refused():
               ["Y"], {k: v for k, v in values.items() if k not in ("X", "SL")})
     with pytest.raises(EdgetrainError, match="sequence length"):
         run_edgetrain(m, {"X": values["X"], "SL": np.array([1, T + 1, 2], np.int32)})
+
+
+def test_training_form_drops_the_default_layout_as_onnxruntime_does():
+    from edgetrain.autodiff.builder import prepare_for_training
+    from edgetrain.ir import Graph, Value
+    rng = np.random.default_rng(4)
+    for op, layout in (("LSTM", 0), ("GRU", 0), ("LSTM", 1)):
+        names, values = _inputs(op, "forward", rng, np.float32, layout=layout)
+        graph = Graph([Node(op, names, ["Y"], {"hidden_size": H, "layout": layout}, "rnn")],
+                      [Value("X", TensorType(np.float32, values["X"].shape))], [Value("Y", None)],
+                      {k: v for k, v in values.items() if k != "X"}, {"": 17})
+        (node,) = prepare_for_training(graph).nodes
+        assert node.op_type == op + "Training" and node.domain == "com.microsoft"
+        assert ("layout" in node.attrs) == (layout == 1)
