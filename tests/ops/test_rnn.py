@@ -248,3 +248,28 @@ def test_training_form_drops_the_default_layout_as_onnxruntime_does():
         (node,) = prepare_for_training(graph).nodes
         assert node.op_type == op + "Training" and node.domain == "com.microsoft"
         assert ("layout" in node.attrs) == (layout == 1)
+
+
+@pytest.mark.ort119
+def test_training_graphs_run_in_onnxruntime_119(ort):
+    """onnxruntime-training 1.19.2 runs the GRUTraining/GRUGrad graphs edgetrain emits (forward direction, the
+    only one its kernels take; linear_before_reset 0 and 1) and agrees on the loss and every gradient. Its
+    LSTMGrad schema takes at most 12 inputs where the newer one (and edgetrain) has 14: not compared."""
+    from gradcheck import gradient_session
+
+    from edgetrain.autodiff.builder import with_gradients
+    from edgetrain.onnx_io import from_graph
+    cases = []
+    for op, attrs in (("GRU", {"linear_before_reset": 1}), ("GRU", {"linear_before_reset": 0})):
+        rng = np.random.default_rng(zlib.crc32(f"ort119{op}{attrs}".encode()))
+        names, values = _inputs(op, "forward", rng, np.float32, h0=True)
+        outs = _outputs(op)[:2]
+        types = [TensorType(np.float32, (T, 1, B, H)), TensorType(np.float32, (1, B, H))]
+        _, graph = gradient_session([Node(op, names, outs, {"hidden_size": H, **attrs}, "rnn")], values, {},
+                                    outs, types)
+        cases.append((from_graph(with_gradients(graph, "loss", list(values))), values))
+    for (m, feeds), theirs in zip(cases, ort.run_models(cases)):
+        ours = run_edgetrain(m, feeds)
+        assert len(ours) == len(theirs) == 1 + len(feeds)
+        for a, b in zip(ours, theirs):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
