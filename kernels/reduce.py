@@ -21,7 +21,7 @@ from edgetrain.ops.reduce import (
 
 from ._jit import jit
 
-SUM, MAX, MIN = 0, 1, 2
+SUM, MAX, MIN, PROD = 0, 1, 2, 3
 
 
 def reduce_sum(ctx):
@@ -41,9 +41,15 @@ def reduce_min(ctx):
     return _launcher(ctx, MIN)
 
 
+def reduce_prod(ctx):
+    return _launcher(ctx, PROD)
+
+
 def _identity_element(op: int, dtype: np.dtype):
     if op == SUM:
         return dtype.type(0)
+    if op == PROD:
+        return dtype.type(1)
     low = op == MAX
     if dtype.kind == "f":
         return dtype.type(-np.inf if low else np.inf)
@@ -51,7 +57,7 @@ def _identity_element(op: int, dtype: np.dtype):
     return dtype.type(info.min if low else info.max)
 
 
-_UFUNCS = {SUM: np.add, MAX: np.maximum, MIN: np.minimum}
+_UFUNCS = {SUM: np.add, MAX: np.maximum, MIN: np.minimum, PROD: np.multiply}
 
 
 def _launcher(ctx, op: int, mean: bool = False):
@@ -90,7 +96,8 @@ def _launcher(ctx, op: int, mean: bool = False):
 
 @jit(fastmath=True)
 def _reduce_block(x, y, op, init, mean, count):
-    """y[o, i] = op over r of x[o, r, i] (op: 0 sum, 1 max, 2 min), divided by ``count`` if ``mean``."""
+    """y[o, i] = op over r of x[o, r, i] (op: 0 sum, 1 max, 2 min, 3 product), divided by ``count`` if
+    ``mean``."""
     outer, red, inner = x.shape
     if inner == 1:
         for o in range(outer):
@@ -98,6 +105,9 @@ def _reduce_block(x, y, op, init, mean, count):
             if op == 0:
                 for r in range(red):
                     a += x[o, r, 0]
+            elif op == 3:
+                for r in range(red):
+                    a *= x[o, r, 0]
             elif op == 1:
                 for r in range(red):
                     v = x[o, r, 0]
@@ -115,6 +125,9 @@ def _reduce_block(x, y, op, init, mean, count):
             if op == 0:
                 for i in range(inner):
                     y[o, i] += x[o, r, i]
+            elif op == 3:
+                for i in range(inner):
+                    y[o, i] *= x[o, r, i]
             elif op == 1:
                 for i in range(inner):
                     v = x[o, r, i]

@@ -90,8 +90,26 @@ def _gpt(torch, nn, rng):
                     {"idx": {0: "batch"}})
 
 
+def _recurrent(kind: str):
+    """A 2-layer LSTM/GRU keyword or time-series classifier (batch first), reading the last step's output."""
+    def make(torch, nn, rng):
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rnn = getattr(nn, kind)(6, 12, num_layers=2, batch_first=True)
+                self.fc = nn.Linear(12, 4)
+
+            def forward(self, x):
+                y, _ = self.rnn(x)
+                return self.fc(y[:, -1])
+        x = rng.standard_normal((5, 7, 6)).astype(np.float32)
+        return Workload(f"{kind.lower()}_2layer", Net(), {"x": x}, np.arange(5) % 4, "CrossEntropyLoss",
+                        {"x": {0: "batch"}})
+    return make
+
+
 BUILDERS = {"cnn_bn_dropout": _cnn, "conv_autoencoder": _autoencoder, "mobilenet_style": _mobilenet,
-            "small_gpt": _gpt}
+            "small_gpt": _gpt, "lstm_2layer": _recurrent("LSTM"), "gru_2layer": _recurrent("GRU")}
 
 
 def build(name: str, seed: int = 0) -> Workload:

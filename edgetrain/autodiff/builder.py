@@ -271,6 +271,12 @@ def _total(walk: _Walk, parts: list[str] | None, value: str) -> str | None:
     return name
 
 
+def backward_domains(nodes: list[Node], opsets: dict[str, int]) -> dict[str, int]:
+    """Opset imports for the domains backward nodes use that the graph does not import yet (ai.edgetrain's
+    gradient ops, such as RNNGrad)."""
+    return {n.domain: 1 for n in nodes if n.domain not in opsets and n.domain not in ("", "ai.onnx")}
+
+
 def with_gradients(graph: Graph, loss: str, wrt: list[str]) -> Graph:
     """A copy of ``graph`` whose parameters are inputs and whose outputs are the loss and ``<p>_grad``."""
     graph = prepare_for_training(graph)
@@ -279,6 +285,6 @@ def with_gradients(graph: Graph, loss: str, wrt: list[str]) -> Graph:
     initializers = {k: v for k, v in graph.initializers.items() if k not in wrt} | inits
     loss_value = next(v for v in graph.outputs if v.name == loss)
     outputs = [loss_value] + [Value(grads[p], params[k].type) for k, p in enumerate(wrt)]
-    ms = {MS: graph.opsets.get(MS, 1)}
+    ms = {MS: graph.opsets.get(MS, 1)} | backward_domains(nodes, graph.opsets)
     return Graph(graph.nodes + nodes, graph.inputs + params, outputs, initializers, graph.opsets | ms,
                  dict(graph.value_types), graph.name).verify()

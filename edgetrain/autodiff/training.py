@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import EdgetrainError
 from ..ir import Graph, Node, TensorType, Value
 from ..ops import lookup
-from .builder import MS, gradient_graph, prepare_for_training, symbolic_types
+from .builder import MS, backward_domains, gradient_graph, prepare_for_training, symbolic_types
 
 RESET = "lazy_reset_grad"
 
@@ -74,7 +74,7 @@ def training_graph(graph: Graph, loss: str, requires_grad: list[str], frozen: li
     inputs = list(graph.inputs) + [_value(graph, p) for p in params] + buffers + [Value(RESET, flag)]
     outputs = _outputs(graph, [loss] + list(additional_outputs)) + flags
     constants = {k: v for k, v in graph.initializers.items() if k not in set(params)} | grad_inits
-    opsets = ({MS: 1} if trainable else {}) | prepared.opsets
+    opsets = ({MS: 1} if trainable else {}) | backward_domains(backward, prepared.opsets) | prepared.opsets
     return _typed(Graph(prepared.nodes + backward + accumulate, inputs, outputs, constants, opsets, {},
                         graph.name).verify())
 

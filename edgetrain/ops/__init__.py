@@ -7,11 +7,25 @@ from __future__ import annotations
 
 from ..errors import UnsupportedOpError
 from ..ir import Graph, Node
-from . import conv, elementwise, matmul, normalization, pool, reduce, softmax, tensor, training
-from . import ort_training
+from . import (
+    conv,
+    einsum,
+    elementwise,
+    indexing,
+    matmul,
+    normalization,
+    ort_training,
+    pool,
+    reduce,
+    rnn,
+    softmax,
+    tensor,
+    training,
+)
 from .base import NodeContext, OpDef
 
-FAMILIES = (conv, elementwise, matmul, normalization, pool, reduce, softmax, tensor, training, ort_training)
+FAMILIES = (conv, elementwise, matmul, normalization, pool, reduce, softmax, tensor, training, ort_training, rnn,
+            einsum, indexing)
 
 
 def _build_table() -> dict[tuple[str, str], OpDef]:
@@ -33,7 +47,6 @@ def supported_ops() -> list[str]:
 
 # near alternatives for ops users meet that the table lacks: what to export instead
 ALTERNATIVES = {
-    ("", "Einsum"): "export the contraction as MatMul/Transpose (e.g. torch.matmul instead of torch.einsum)",
     ("", "NegativeLogLikelihoodLoss"): "use SoftmaxCrossEntropyLoss (the CrossEntropy loss of edgetrain.artifacts)",
 }
 

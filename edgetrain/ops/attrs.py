@@ -24,14 +24,15 @@ MAX_LIST = 1 << 16           # entries of an ints/floats attribute (pads, perm, 
 
 @dataclass(frozen=True)
 class Attr:
-    """One attribute: ``kind`` (int, float, string, ints, floats, tensor), its default (``REQUIRED``, or None
-    for an optional attribute without one), allowed values (``choices``, empty: any) and an inclusive range
-    for ints (``low``/``high``)."""
+    """One attribute: ``kind`` (int, float, string, ints, floats, strings, tensor), its default (``REQUIRED``,
+    or None for an optional attribute without one), allowed values (``choices``, empty: any), an inclusive
+    range for ints (``low``/``high``) and the characters a free-form string may hold (``alphabet``)."""
     kind: str
     default: Any = None
     choices: tuple = ()
     low: int = INT64[0]
     high: int = INT64[1]
+    alphabet: str = ""           # free-form strings (an Einsum equation): the characters allowed, empty: any
 
 
 def Int(default=None, choices=(), low: int = INT64[0], high: int = INT64[1]) -> Attr:  # noqa: N802
@@ -103,6 +104,8 @@ def _check_string(v, spec: Attr, where: str) -> str:
         raise AttributeValueError(f"{where} must be a string, got {type(v).__name__} {_show(v)}")
     if spec.choices and v not in spec.choices:
         raise AttributeValueError(f"{where} is {_show(v)}; allowed: {', '.join(spec.choices)}")
+    if spec.alphabet and not set(v) <= set(spec.alphabet):
+        raise AttributeValueError(f"{where} is {_show(v)}; allowed characters: {spec.alphabet}")
     return v
 
 
@@ -138,6 +141,8 @@ def check_value(value, spec: Attr, where: str):
         return tuple(_check_float(x, f"{where}[{k}]") for k, x in enumerate(_check_list(value, where)))
     if spec.kind == "tensor":
         return _check_tensor(value, where)
+    if spec.kind == "strings":
+        return tuple(_check_string(x, spec, f"{where}[{k}]") for k, x in enumerate(_check_list(value, where)))
     raise AssertionError(f"unknown attribute kind {spec.kind}")
 
 
@@ -161,3 +166,13 @@ def _show(v) -> str:
     """A short, printable rendering of a value from a file (it may be hostile or huge)."""
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def Strings(default=None) -> Attr:  # noqa: N802
+    """A list of strings (RNN activations); the op's shape rule checks the values."""
+    return Attr("strings", default)
+
+
+def Text(default, alphabet: str) -> Attr:  # noqa: N802
+    """A free-form string of the characters in ``alphabet``."""
+    return Attr("string", default, alphabet=alphabet)

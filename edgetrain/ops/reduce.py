@@ -130,6 +130,25 @@ def _transformed_vjp(make):
     return rule
 
 
+def _reduce_prod_vjp(g, dys):
+    """dX = dY * (the product of the other reduced elements), exact with zeros: with z the zeros of x and p the
+    product of its nonzero elements, that is p / x where a group has no zero, p at a group's only zero, else 0."""
+    axes = _grad_axes(g)
+    rest = [None] * (len(g.node.inputs) - 1)
+    if axes is None:
+        return [dys[0]] + rest
+    x, dtype = g.x(0), g.in_types[0].dtype
+    axes_name = g.const(list(axes), "int64", "axes")
+    zero = g.emit("Equal", [x, _one(g, 0, "zero")])
+    safe = g.emit("Where", [zero, _one(g, 1, "one"), x])
+    nonzero_prod = g.emit("ReduceProd", [safe, axes_name], {"keepdims": 1})
+    zeros = g.emit("ReduceSum", [g.emit("Cast", [zero], {"to": _onnx(dtype)}), axes_name], {"keepdims": 1})
+    lone_zero = g.emit("And", [zero, g.emit("Equal", [zeros, _one(g, 1, "one")])])
+    others = g.emit("Where", [g.emit("Equal", [zeros, _one(g, 0, "zero")]), g.emit("Div", [nonzero_prod, safe]),
+                              g.emit("Where", [lone_zero, nonzero_prod, _one(g, 0, "zero")])])
+    return [g.emit("Mul", [others, _spread(g, dys[0], axes)])] + rest
+
+
 def _one(g, value, label):
     return g.const(value, g.in_types[0].dtype, label)
 
@@ -280,6 +299,8 @@ OPS = (
           attrs=REDUCE_ATTRS),
     OpDef("ReduceMean", _reduce, since=18, kernel="reduce.reduce_mean", vjp=_reduce_mean_vjp, attrs=REDUCE_ATTRS),
     OpDef("ReduceMin", _reduce, since=18, kernel="reduce.reduce_min", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp,
+          attrs=REDUCE_ATTRS),
+    OpDef("ReduceProd", _reduce, since=18, kernel="reduce.reduce_prod", dtypes=FLOATS + INTS, vjp=_reduce_prod_vjp,
           attrs=REDUCE_ATTRS),
     OpDef("ReduceSumSquare", _reduce, since=18, kernel="reduce.reduce_sum_square", workspace=transformed_workspace,
           vjp=_transformed_vjp(TRANSFORMED_VJPS["ReduceSumSquare"]), attrs=REDUCE_ATTRS, doc="sum of x^2"),

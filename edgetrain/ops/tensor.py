@@ -571,7 +571,7 @@ def _pad_vjp(g, dys):
     zeros put back (Pad with the negated pads). The constant value is known when planning: no gradient."""
     mode = g.attr("mode")
     if mode != "constant":
-        raise g.error(f"Pad gradients support constant mode only, not '{mode}'")
+        return _pad_index_vjp(g, dys, mode)
     dy, n_in = dys[0], len(g.node.inputs)
     rest = [None] * (n_in - 1)
     axes = g.x(3) if _has(g, 3) else ""
@@ -587,6 +587,46 @@ def _pad_vjp(g, dys):
         neg = g.const(-pads, np.int64, "neg_pads") if pads is not None else g.emit("Neg", [g.x(1)])
         dx = g.emit("Pad", [dy, neg, "", axes] if axes else [dy, neg])
     return [dx] + rest
+
+
+def pad_source(n: int, begin: int, end: int, mode: str) -> np.ndarray:
+    """The input position each output position of a reflect/edge/wrap Pad reads along one axis of size n."""
+    i = np.arange(-begin, n + end, dtype=np.int64)
+    if mode == "edge":
+        return np.clip(i, 0, n - 1)
+    if mode == "wrap":
+        return i % n
+    period = 2 * (n - 1)             # reflect: mirror about the first and last elements, repeatedly
+    i = np.abs(i) % period if period else np.zeros_like(i)
+    return np.where(i >= n, period - i, i)
+
+
+def _pad_index_vjp(g, dys, mode: str):
+    """reflect/edge/wrap: along each padded axis the Pad is a Gather of fixed positions (``pad_source``), so
+    dX is onnxruntime's GatherGrad applied axis by axis from the last padding back to the first. The pads (and
+    axes) must be known when planning, and the padded dims fixed."""
+    consts = [None, g.const_input(1) if _has(g, 1) else None, None, g.const_input(3) if _has(g, 3) else None]
+    if g.attr("pads") is None and consts[1] is None:
+        raise g.error(f"{mode} Pad needs its pads known when planning to differentiate")
+    probe = NodeContext(g.node, lookup_pad(), g.opset, list(g.in_types), consts)
+    widths = pad_widths(probe)
+    if any(b < 0 or e < 0 for b, e in widths):
+        raise g.error(f"{mode} Pad with negative pads (crops) {widths} has no gradient rule")
+    shape = list(g.in_types[0].shape)
+    steps = []                       # (axis, source positions, shape before this axis is padded)
+    for axis, (b, e) in enumerate(widths):
+        if b or e:
+            steps.append((axis, pad_source(shape[axis], b, e, mode), tuple(shape)))
+            shape[axis] += b + e
+    dx = dys[0]
+    for axis, source, before in reversed(steps):
+        shape_name, source_name = g.const(before, np.int64, "shape"), g.const(source, np.int64, "source")
+        dx = g.emit("GatherGrad", [shape_name, source_name, dx], {"axis": axis}, MS)
+    return [dx] + [None] * (len(g.node.inputs) - 1)
+
+
+def lookup_pad() -> OpDef:
+    return next(op for op in OPS if op.op_type == "Pad")
 
 
 def _unpad(g, dy: str, pads: np.ndarray, axes: str) -> str:

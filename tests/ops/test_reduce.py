@@ -240,3 +240,46 @@ def test_topk_gradient_by_finite_differences_and_k_is_checked():
                      initializers={"k": np.array([6], np.int64)})
     with pytest.raises(ShapeError, match=r"K must be one int64 in \[0, 5\]"):
         run_edgetrain(too_many, {"x": xf})
+
+
+# --- ReduceProd -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("axes", [[1], [0, 2], [-1], None], ids=str)
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("opset", [17, 18])
+def test_reduce_prod_against_onnxruntime(axes, keepdims, opset):
+    """Floats with zeros in some groups, and int64; [0, 2] is not one block (numpy through out=)."""
+    rng = np.random.default_rng(21)
+    x = (rng.standard_normal((3, 4, 5)) + 0.5).astype(np.float32)
+    x[0, 1, :2] = 0
+    for data in (x, rng.integers(-3, 4, (3, 4, 5)).astype(np.int64)):
+        inputs, consts, attrs = ["x"], {}, {"keepdims": keepdims}
+        if axes is not None and opset >= 18:
+            inputs.append("a")
+            consts["a"] = np.array(axes, np.int64)
+        elif axes is not None:
+            attrs["axes"] = axes
+        m = model(helper.make_node("ReduceProd", inputs, ["y"], **attrs), {"x": data}, ["y"], initializers=consts,
+                  opset=opset)
+        assert_matches(m, {"x": data}, oracle=run_onnxruntime, rtol=1e-5, atol=1e-6)
+
+
+def test_reduce_prod_gradient_with_zeros_by_finite_differences_and_torch():
+    """Groups without a zero, with one zero (only it gets a gradient) and with two (none does)."""
+    import torch
+    from gradcheck import check_gradients, gradient_session
+
+    from edgetrain.ir import Node, TensorType
+    x = np.random.default_rng(9).standard_normal((3, 4, 5)) + 0.5
+    x[0, 1, 2] = 0.0
+    x[1, 2, 1] = x[1, 2, 3] = 0.0
+    node = Node("ReduceProd", ["x", "a"], ["y"], {"keepdims": 0}, "r")
+    consts, types = {"a": np.array([2], np.int64)}, [TensorType(np.float64, (3, 4))]
+    check_gradients([node], {"x": x}, ["y"], types, consts=consts, opset=18, samples=12)
+    sess, graph = gradient_session([node], {"x": x}, consts, ["y"], types, opset=18)
+    dx = sess.run(None, {"x": x})[1]
+    t = torch.from_numpy(x).requires_grad_()
+    (t.prod(dim=2) * torch.from_numpy(graph.initializers["cot_0"])).sum().backward()
+    np.testing.assert_allclose(dx, t.grad.numpy(), rtol=1e-10, atol=1e-12)
+    check_gradients([Node("ReduceProd", ["x"], ["y"], {"keepdims": 1, "axes": [0, 2]}, "r")], {"x": x}, ["y"],
+                    [TensorType(np.float64, (1, 4, 1))], opset=17)

@@ -689,9 +689,32 @@ def test_pad_rule_with_pads_from_a_constant_node(pads, out):
     check_gradients(nodes, {"x": rand((3, 4), F64, "pad")}, ["y"], [t64(*out)], consts={"v": np.array(0.7, F64)})
 
 
-def test_pad_rule_refuses_other_modes():
-    with pytest.raises(UnsupportedOpError, match="constant mode"):
-        grad_check("Pad", ["x", "p"], {"x": rand((3, 4), F64)}, {"p": i64(1, 1, 1, 1)}, [(5, 6)],
+@pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
+@pytest.mark.parametrize("pads, axes", [((1, 2, 2, 1), None), ((0, 3, 0, 2), None), ((2, 3), (-1,))], ids=str)
+def test_pad_rule_reflect_edge_wrap(mode, pads, axes):
+    """Central differences, and torch's F.pad (reflect, replicate, circular) autograd on one cotangent."""
+    import torch
+    from gradcheck import gradient_session
+    x = rand((4, 5), F64, "padmode")
+    consts = {"p": i64(*pads)} | ({"ax": i64(*axes)} if axes else {})
+    inputs = ["x", "p"] + (["", "ax"] if axes else [])
+    widths = [(0, 0), (pads[0], pads[1])] if axes else [(pads[0], pads[2]), (pads[1], pads[3])]
+    out = tuple(d + b + e for d, (b, e) in zip(x.shape, widths))
+    grad_check("Pad", inputs, {"x": x}, consts, [out], {"mode": mode}, opset=19)
+    sess, graph = gradient_session([Node("Pad", inputs, ["y"], {"mode": mode}, "pad")], {"x": x}, consts,
+                                   ["y"], [t64(*out)], opset=19)
+    dx = sess.run(None, {"x": x})[1]
+    t = torch.from_numpy(x).requires_grad_()
+    flat = [w for b, e in reversed(widths) for w in (b, e)]
+    mode_t = {"reflect": "reflect", "edge": "replicate", "wrap": "circular"}[mode]
+    y = torch.nn.functional.pad(t[None, None], flat, mode=mode_t)[0, 0]
+    (y * torch.from_numpy(graph.initializers["cot_0"])).sum().backward()
+    np.testing.assert_allclose(dx, t.grad.numpy(), rtol=1e-12)
+
+
+def test_pad_rule_refuses_crops_in_other_modes():
+    with pytest.raises(UnsupportedOpError, match="negative pads"):
+        grad_check("Pad", ["x", "p"], {"x": rand((3, 4), F64)}, {"p": i64(1, -1, 1, 1)}, [(5, 4)],
                    {"mode": "reflect"})
 
 

@@ -97,7 +97,8 @@ def test_numeric_attributes_take_finite_numbers_in_range_only(key, op):
     for name, spec in op.attrs.items():
         bad = {"float": NOT_NUMBERS[:-1] + [True], "int": [1.5, "3", 2 ** 64, float("nan"), spec.high + 1],
                "ints": [[1, "2"], [2 ** 63], "12"], "floats": [[1.0, float("nan")], ["1"]],
-               "string": [3, b"\xff\xfe"], "tensor": ["1", [1, 2]]}[spec.kind]
+               "string": [3, b"\xff\xfe"], "tensor": ["1", [1, 2]],
+               "strings": [[3], "ab", [b"\xff\xfe"]]}[spec.kind]
         for value in bad:
             with pytest.raises(AttributeValueError, match=f"'victim'.*'{name}'"):
                 OP_TABLE[key].checked_attrs(Node(op_type, ["x"], ["y"], {name: value}, "victim", domain))
@@ -178,7 +179,8 @@ def test_tampered_training_model_is_refused_by_the_cli(tmp_path, marker):
 
 ONNX_KIND = {onnx.AttributeProto.INT: "int", onnx.AttributeProto.FLOAT: "float",
              onnx.AttributeProto.STRING: "string", onnx.AttributeProto.INTS: "ints",
-             onnx.AttributeProto.FLOATS: "floats", onnx.AttributeProto.TENSOR: "tensor"}
+             onnx.AttributeProto.FLOATS: "floats", onnx.AttributeProto.TENSOR: "tensor",
+             onnx.AttributeProto.STRINGS: "strings"}
 # attributes ONNX defines at opsets 13-21 that edgetrain refuses on purpose (it has no string tensors)
 NOT_ACCEPTED = {("Constant", "value_string"), ("Constant", "value_strings"), ("Constant", "sparse_value")}
 
@@ -211,6 +213,8 @@ def test_declared_attributes_match_onnx_schemas(op_type):
         if a.default_value.name:
             want = helper.get_attribute_value(a.default_value)
             want = want.decode() if isinstance(want, bytes) else want
+            if spec.kind == "strings":
+                want = tuple(w.decode() for w in want)
             if spec.kind == "float":
                 assert math.isclose(spec.default, want, rel_tol=1e-6), f"{op_type}.{name}: {want}"
             else:

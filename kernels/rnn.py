@@ -1,0 +1,488 @@
+"""LSTM, GRU and RNN kernels: GEMMs through numpy's BLAS around jitted per-step cell updates.
+
+Forward: the input projection of every step and direction is one GEMM up front (X [T*B, I] times all
+directions' W^T); then, step by step, one GEMM for the recurrent projection h_{t-1} R^T (GRU without
+linear_before_reset: two, the candidate gate's reads r * h_{t-1}) and one jitted pass over the batch for the
+gates and states. Gradient: per step the jitted pass turns dh (and dc) into the gates' pre-activation
+gradients, kept for every step, and one GEMM carries them back through R; afterwards dW, dR and dX are one
+GEMM each over all steps, dB a column sum.
+
+Sequence lengths: a sequence b stops at step lens[b] (the reverse direction starts there), its state then
+stays as it is and Y is zero; its gradient passes those steps untouched. Every array the kernels see is a view
+of the caller's buffers (steps are strided views: X's layout decides the order of the rows).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from edgetrain.ops.rnn import GRAD_INPUTS, rnn_geometry
+
+from ._jit import jit
+
+
+@jit(inline="always")
+def _act(code, v):
+    if code == 0:
+        if v >= 0:
+            return 1.0 / (1.0 + math.exp(-v))
+        e = math.exp(v)
+        return e / (1.0 + e)
+    if code == 1:
+        return math.tanh(v)
+    return v if v > 0 else 0.0
+
+
+@jit(inline="always")
+def _dact(code, y):
+    """The activation's derivative, from its output y."""
+    if code == 0:
+        return y * (1.0 - y)
+    if code == 1:
+        return 1.0 - y * y
+    return 1.0 if y > 0 else 0.0
+
+
+# --- forward steps ----------------------------------------------------------------------------------------
+
+@jit
+def _lstm_step(xw, rec, wb, rb, p, h, c, y, call, iofc, save, t, lens, fa, ga, ha):
+    """One LSTM step over the batch: gates i, o, f, c from xw + rec + biases (+ peepholes), then the
+    states."""
+    batch, hidden = h.shape
+    for b in range(batch):
+        if t >= lens[b]:
+            for j in range(hidden):
+                y[b, j] = 0
+            if save:
+                for j in range(hidden):
+                    call[b, j] = 0
+                for j in range(4 * hidden):
+                    iofc[b, j] = 0
+            continue
+        for j in range(hidden):
+            cp = c[b, j]
+            gi = _act(fa, xw[b, j] + rec[b, j] + wb[j] + rb[j] + p[j] * cp)
+            gf = _act(fa, xw[b, 2 * hidden + j] + rec[b, 2 * hidden + j] + wb[2 * hidden + j]
+                      + rb[2 * hidden + j] + p[2 * hidden + j] * cp)
+            gc = _act(ga, xw[b, 3 * hidden + j] + rec[b, 3 * hidden + j] + wb[3 * hidden + j]
+                      + rb[3 * hidden + j])
+            cn = gf * cp + gi * gc
+            go = _act(fa, xw[b, hidden + j] + rec[b, hidden + j] + wb[hidden + j] + rb[hidden + j]
+                      + p[hidden + j] * cn)
+            hn = go * _act(ha, cn)
+            c[b, j] = cn
+            h[b, j] = hn
+            y[b, j] = hn
+            if save:
+                call[b, j] = cn
+                iofc[b, j] = gi
+                iofc[b, hidden + j] = go
+                iofc[b, 2 * hidden + j] = gf
+                iofc[b, 3 * hidden + j] = gc
+
+
+@jit
+def _gru_gates(xw, rec, wb, rb, h, zrh, rh, t, lens, fa):
+    """GRU step, part one: z and r (into zrh) and r * h_{t-1} (into rh)."""
+    batch, hidden = h.shape
+    for b in range(batch):
+        if t >= lens[b]:
+            for j in range(hidden):
+                rh[b, j] = 0
+            continue
+        for j in range(2 * hidden):
+            zrh[b, j] = _act(fa, xw[b, j] + rec[b, j] + wb[j] + rb[j])
+        for j in range(hidden):
+            rh[b, j] = zrh[b, hidden + j] * h[b, j]
+
+
+@jit
+def _gru_finish(xw, rec, wb, rb, h, y, zrh, t, lens, ga, lbr):
+    """GRU step, part two: the candidate ht~ (rec holds Rh (r * h) or, with linear_before_reset, Rh h) and the
+    new state."""
+    batch, hidden = h.shape
+    for b in range(batch):
+        if t >= lens[b]:
+            for j in range(hidden):
+                y[b, j] = 0
+            for j in range(3 * hidden):
+                zrh[b, j] = 0
+            continue
+        for j in range(hidden):
+            k = 2 * hidden + j
+            if lbr:
+                a = xw[b, k] + wb[k] + zrh[b, hidden + j] * (rec[b, k] + rb[k])
+            else:
+                a = xw[b, k] + wb[k] + rec[b, k] + rb[k]
+            n = _act(ga, a)
+            z = zrh[b, j]
+            hn = (1.0 - z) * n + z * h[b, j]
+            zrh[b, k] = n
+            h[b, j] = hn
+            y[b, j] = hn
+
+
+@jit
+def _rnn_step(xw, rec, wb, rb, h, y, t, lens, fa):
+    batch, hidden = h.shape
+    for b in range(batch):
+        if t >= lens[b]:
+            for j in range(hidden):
+                y[b, j] = 0
+            continue
+        for j in range(hidden):
+            hn = _act(fa, xw[b, j] + rec[b, j] + wb[j] + rb[j])
+            h[b, j] = hn
+            y[b, j] = hn
+
+
+# --- backward steps ---------------------------------------------------------------------------------------
+
+@jit
+def _lstm_back(dy, has_dy, iofc, call, cprev, p, dh, dc, dpre, dp, t, lens, fa, ga, ha):
+    """dh, dc (gradients of this step's states) -> the gates' pre-activation gradients (dpre) and dc of the
+    previous step; dh is consumed (the caller adds dpre R for the previous step); dp accumulates the
+    peepholes' gradients."""
+    batch, hidden = dh.shape
+    for b in range(batch):
+        if t >= lens[b]:
+            for j in range(4 * hidden):
+                dpre[b, j] = 0
+            continue
+        for j in range(hidden):
+            dht = dh[b, j] + (dy[b, j] if has_dy else 0.0)
+            gi, go = iofc[b, j], iofc[b, hidden + j]
+            gf, gc = iofc[b, 2 * hidden + j], iofc[b, 3 * hidden + j]
+            c, cp = call[b, j], cprev[b, j]
+            tc = _act(ha, c)
+            dao = dht * tc * _dact(fa, go)
+            dct = dc[b, j] + dht * go * _dact(ha, tc) + dao * p[hidden + j]
+            dai = dct * gc * _dact(fa, gi)
+            daf = dct * cp * _dact(fa, gf)
+            dac = dct * gi * _dact(ga, gc)
+            dc[b, j] = dct * gf + dai * p[j] + daf * p[2 * hidden + j]
+            dh[b, j] = 0
+            dpre[b, j] = dai
+            dpre[b, hidden + j] = dao
+            dpre[b, 2 * hidden + j] = daf
+            dpre[b, 3 * hidden + j] = dac
+            dp[j] += dai * cp
+            dp[hidden + j] += dao * c
+            dp[2 * hidden + j] += daf * cp
+
+
+@jit
+def _gru_back(dy, has_dy, zrh, hprev, q, dh, dpre, drec, t, lens, fa, ga, lbr):
+    """dh -> the gates' pre-activation gradients; with linear_before_reset complete (drec's candidate part is
+    dq = da_h * r, q = Rh h + Rbh), else r's waits for Rh^T da_h (``_gru_back_reset``). dh becomes the direct
+    part z * dh of the previous step's."""
+    batch, hidden = dh.shape
+    for b in range(batch):
+        if t >= lens[b]:
+            for j in range(3 * hidden):
+                dpre[b, j] = 0
+                drec[b, j] = 0
+            continue
+        for j in range(hidden):
+            dht = dh[b, j] + (dy[b, j] if has_dy else 0.0)
+            z, r, n = zrh[b, j], zrh[b, hidden + j], zrh[b, 2 * hidden + j]
+            hp = hprev[b, j]
+            dah = dht * (1.0 - z) * _dact(ga, n)
+            daz = dht * (hp - n) * _dact(fa, z)
+            dh[b, j] = dht * z
+            dpre[b, j] = daz
+            drec[b, j] = daz
+            dpre[b, 2 * hidden + j] = dah
+            if lbr:
+                dar = dah * q[b, j] * _dact(fa, r)
+                dpre[b, hidden + j] = dar
+                drec[b, hidden + j] = dar
+                drec[b, 2 * hidden + j] = dah * r
+            else:
+                drec[b, 2 * hidden + j] = dah
+
+
+@jit
+def _gru_back_reset(drh, zrh, hprev, dh, dpre, drec, t, lens, fa):
+    """Without linear_before_reset: drh = da_h Rh is the gradient of r * h_{t-1}: r's pre-activation gradient
+    and h_{t-1}'s share through r."""
+    batch, hidden = dh.shape
+    for b in range(batch):
+        if t >= lens[b]:
+            continue
+        for j in range(hidden):
+            r = zrh[b, hidden + j]
+            dar = drh[b, j] * hprev[b, j] * _dact(fa, r)
+            dpre[b, hidden + j] = dar
+            drec[b, hidden + j] = dar
+            dh[b, j] += drh[b, j] * r
+
+
+@jit
+def _rnn_back(dy, has_dy, y, dh, dpre, t, lens, fa):
+    batch, hidden = dh.shape
+    for b in range(batch):
+        if t >= lens[b]:
+            for j in range(hidden):
+                dpre[b, j] = 0
+            continue
+        for j in range(hidden):
+            dpre[b, j] = (dh[b, j] + (dy[b, j] if has_dy else 0.0)) * _dact(fa, y[b, j])
+            dh[b, j] = 0
+
+
+@jit
+def _previous(states, initial, prev, reverse, lens):
+    """prev[t, b] = the state step t started from: the state of the step before it in its direction, or the
+    initial one (states and prev are [T, B, H])."""
+    seq, batch, hidden = states.shape
+    for t in range(seq):
+        for b in range(batch):
+            first = (t + 1 >= lens[b]) if reverse else (t == 0)
+            for j in range(hidden):
+                if first:
+                    prev[t, b, j] = initial[b, j]
+                else:
+                    prev[t, b, j] = states[t + 1 if reverse else t - 1, b, j]
+
+
+@jit
+def _times_reset(zrh, hprev, out):
+    """out[t, b] = r * h_{t-1} (zrh, hprev and out are [T, B, .])."""
+    seq, batch, hidden = hprev.shape
+    for t in range(seq):
+        for b in range(batch):
+            for j in range(hidden):
+                out[t, b, j] = zrh[t, b, hidden + j] * hprev[t, b, j]
+
+
+# --- launchers --------------------------------------------------------------------------------------------
+
+class _Views:
+    """Index helpers shared by the launchers: [T, B, ...] views of X-ordered rows, Y and saved tensors."""
+
+    def __init__(self, ctx):
+        self.g = g = rnn_geometry(ctx)
+        self.ctx = ctx
+        self.dtype = ctx.type(0).dtype
+        self.gh = g.gates * g.hidden
+        self.zeros_b = np.zeros((g.directions, 2 * self.gh), self.dtype)
+        self.zeros_p = np.zeros((g.directions, 3 * g.hidden), self.dtype)
+        self.zeros_state = np.zeros((g.directions, g.batch, g.hidden), self.dtype)
+        self.zeros_step = np.zeros((g.batch, g.hidden), self.dtype)
+        self.full = np.full(g.batch, g.seq, np.int32)
+        self.order = [range(g.seq - 1, -1, -1) if r else range(g.seq) for r in g.reverse]
+
+    def rows(self, a, width):
+        """[T*B, width] rows in X's order as [T, B, width]."""
+        g = self.g
+        return a.reshape(g.seq, g.batch, width) if g.layout == 0 else \
+            a.reshape(g.batch, g.seq, width).swapaxes(0, 1)
+
+    def y(self, y):
+        """Y as [T, D, B, H] whatever the layout."""
+        return y if self.g.layout == 0 else y.transpose(1, 2, 0, 3)
+
+    def state(self, s):
+        """A state input or output as [D, B, H]."""
+        if s is None:
+            return self.zeros_state
+        return s if self.g.layout == 0 else s.swapaxes(0, 1)
+
+    def lens(self, sl):
+        if sl is None:
+            return self.full
+        bad = np.flatnonzero((sl < 1) | (sl > self.g.seq))
+        if bad.size:
+            raise self.ctx.bad_value(4, sl, int(bad[0]), f"a sequence length in [1, {self.g.seq}]")
+        return sl
+
+    def bias(self, bias, d):
+        b = self.zeros_b if bias is None else bias
+        return b[d, :self.gh], b[d, self.gh:]
+
+
+def _arg(args, i):
+    return args[i] if i < len(args) else None
+
+
+def _forward(ctx, cell):
+    v = _Views(ctx)
+    g = v.g
+    n_in, n_out = len(ctx.node.inputs), len(ctx.node.outputs)
+    gh, hidden = v.gh, g.hidden
+    training = ctx.node.op_type.endswith("Training")
+    # Y and GRU's gates when the node does not output them (made once: a step never allocates)
+    y_scratch = np.empty(g.y_shape(), v.dtype) if n_out == 0 or not ctx.node.outputs[0] else None
+    gates = np.empty((g.seq, g.batch, gh), v.dtype) if cell == "GRU" and not training else None
+
+    def run(*args):
+        x, w, r = args[0], args[1], args[2]
+        bias, sl, h0 = _arg(args[:n_in], 3), _arg(args[:n_in], 4), _arg(args[:n_in], 5)
+        c0, p = (_arg(args[:n_in], 6), _arg(args[:n_in], 7)) if cell == "LSTM" else (None, None)
+        outs = list(args[n_in:n_in + n_out]) + [None] * 5
+        xw, rec, h, c = args[n_in + n_out:]
+        lens = v.lens(sl)
+        np.matmul(x.reshape(g.seq * g.batch, g.inputs), w.reshape(g.directions * gh, g.inputs).T, out=xw)
+        xw4 = v.rows(xw, g.directions * gh)
+        y4 = v.y(outs[0] if outs[0] is not None else y_scratch)
+        h0v, c0v = v.state(h0), v.state(c0)
+        if cell == "LSTM":
+            call, iofc = (outs[3], outs[4]) if training else (None, None)
+        zrh = outs[2] if cell == "GRU" and training else None
+        for d in range(g.directions):
+            wb, rb = v.bias(bias, d)
+            np.copyto(h, h0v[d])
+            acts = g.acts[d]
+            rt = r[d].T
+            xd = xw4[:, :, d * gh:(d + 1) * gh]
+            if cell == "LSTM":
+                np.copyto(c, c0v[d])
+                pd = (v.zeros_p if p is None else p)[d]
+                for t in v.order[d]:
+                    np.matmul(h, rt, out=rec)
+                    _lstm_step(xd[t], rec, wb, rb, pd, h, c, y4[t, d], call[t, d] if training else rec,
+                               iofc[t, d] if training else rec, training, t, lens, acts[0], acts[1], acts[2])
+            elif cell == "GRU":
+                for t in v.order[d]:
+                    zt = zrh[t, d] if zrh is not None else gates[t]
+                    if g.linear_before_reset:
+                        np.matmul(h, rt, out=rec)
+                        _gru_gates(xd[t], rec, wb, rb, h, zt, c, t, lens, acts[0])
+                    else:
+                        np.matmul(h, rt[:, :2 * hidden], out=rec[:, :2 * hidden])
+                        _gru_gates(xd[t], rec, wb, rb, h, zt, c, t, lens, acts[0])
+                        np.matmul(c, rt[:, 2 * hidden:], out=rec[:, 2 * hidden:])
+                    _gru_finish(xd[t], rec, wb, rb, h, y4[t, d], zt, t, lens, acts[1], g.linear_before_reset)
+            else:
+                for t in v.order[d]:
+                    np.matmul(h, rt, out=rec)
+                    _rnn_step(xd[t], rec, wb, rb, h, y4[t, d], t, lens, acts[0])
+            # the final states: the state each sequence ended in
+            if outs[1] is not None:
+                np.copyto(v.state(outs[1])[d], h)
+            if cell == "LSTM" and outs[2] is not None:
+                np.copyto(v.state(outs[2])[d], c)
+    return run
+
+
+def lstm(ctx):
+    """Launcher of LSTM and com.microsoft LSTMTraining: ``run(X, W, R, [B, sequence_lens, initial_h,
+    initial_c, P], Y, [Y_h, Y_c, CAll, IOFC], xw, rec, h, c)``."""
+    return _forward(ctx, "LSTM")
+
+
+def gru(ctx):
+    """Launcher of GRU and com.microsoft GRUTraining (outputs Y, Y_h, ZRH)."""
+    return _forward(ctx, "GRU")
+
+
+def rnn(ctx):
+    return _forward(ctx, "RNN")
+
+
+def _backward(ctx, cell):
+    v = _Views(ctx)
+    g = v.g
+    n_in, n_out = len(ctx.node.inputs), len(ctx.node.outputs)
+    at = GRAD_INPUTS[ctx.node.op_type]
+    gh, hidden, rows = v.gh, g.hidden, g.seq * g.batch
+    lbr = g.linear_before_reset
+    dp_scratch = np.empty(3 * hidden, v.dtype)     # peephole gradients nobody asked for
+
+    def run(*args):
+        ins = list(args[:n_in]) + [None] * (14 - n_in)
+        outs = list(args[n_in:n_in + n_out]) + [None] * (7 - n_out)
+        ws = args[n_in + n_out:]
+        dpre, hp, aux, dh, dc, tmp = ws[:6]
+        drec = ws[6] if cell == "GRU" else dpre
+        x, w, r, bias, sl, h0 = ins[:6]
+        lens = v.lens(sl)
+        y4 = v.y(ins[at["HAll"]])
+        dy = ins[at["dY"]]
+        dy4 = v.y(dy) if dy is not None else None
+        dyh = ins[at["dY_h"]]
+        h0v = v.state(h0)
+        dpre4, drec4 = v.rows(dpre, g.directions * gh), v.rows(drec, g.directions * gh)
+        hp3, aux3 = v.rows(hp, hidden), v.rows(aux, hidden)
+        dx, dw, dr, db, dh0 = outs[:5]
+        for d in range(g.directions):
+            acts = g.acts[d]
+            reverse = g.reverse[d]
+            rb = v.bias(bias, d)[1]
+            np.copyto(dh, v.state(dyh)[d] if dyh is not None else v.zeros_step)
+            _previous(y4[:, d], h0v[d], hp3, reverse, lens)
+            dpd, drd = dpre4[:, :, d * gh:(d + 1) * gh], drec4[:, :, d * gh:(d + 1) * gh]
+            rd = r[d]
+            steps = v.order[d][::-1]
+            if cell == "LSTM":
+                call4, iofc4 = ins[at["CAll"]], ins[at["IOFC"]]
+                _previous(call4[:, d], v.state(ins[6])[d], aux3, reverse, lens)
+                dyc = ins[at["dY_c"]]
+                np.copyto(dc, v.state(dyc)[d] if dyc is not None else v.zeros_step)
+                p = (v.zeros_p if ins[7] is None else ins[7])[d]
+                dp = outs[6][d] if outs[6] is not None else dp_scratch
+                dp[:] = 0
+                for t in steps:
+                    _lstm_back(dy4[t, d] if dy4 is not None else dh, dy4 is not None, iofc4[t, d],
+                               call4[t, d], aux3[t], p, dh, dc, dpd[t], dp, t, lens, *acts)
+                    np.matmul(dpd[t], rd, out=tmp)
+                    np.add(dh, tmp, out=dh)
+            elif cell == "GRU":
+                zrh4 = ins[at["ZRH"]]
+                if lbr:   # q = Rh h_{t-1} + Rbh for every step at once
+                    np.matmul(hp, rd[2 * hidden:].T, out=aux)
+                    np.add(aux, rb[2 * hidden:], out=aux)
+                for t in steps:
+                    _gru_back(dy4[t, d] if dy4 is not None else dh, dy4 is not None, zrh4[t, d], hp3[t],
+                              aux3[t], dh, dpd[t], drd[t], t, lens, acts[0], acts[1], lbr)
+                    if lbr:
+                        np.matmul(drd[t], rd, out=tmp)
+                    else:
+                        np.matmul(dpd[t][:, 2 * hidden:], rd[2 * hidden:], out=tmp)
+                        _gru_back_reset(tmp, zrh4[t, d], hp3[t], dh, dpd[t], drd[t], t, lens, acts[0])
+                        np.matmul(drd[t][:, :2 * hidden], rd[:2 * hidden], out=tmp)
+                    np.add(dh, tmp, out=dh)
+                if not lbr:   # Rh's operand is r * h_{t-1}
+                    _times_reset(zrh4[:, d], hp3, aux3)
+            else:
+                for t in steps:
+                    _rnn_back(dy4[t, d] if dy4 is not None else dh, dy4 is not None, y4[t, d], dh, dpd[t], t,
+                              lens, acts[0])
+                    np.matmul(dpd[t], rd, out=tmp)
+                    np.add(dh, tmp, out=dh)
+            if dh0 is not None:
+                np.copyto(v.state(dh0)[d], dh)
+            if cell == "LSTM" and outs[5] is not None:
+                np.copyto(v.state(outs[5])[d], dc)
+            cols = slice(d * gh, (d + 1) * gh)
+            if dr is not None:
+                if cell == "GRU":
+                    np.matmul(drec[:, cols][:, :2 * hidden].T, hp, out=dr[d, :2 * hidden])
+                    np.matmul(drec[:, cols][:, 2 * hidden:].T, hp if lbr else aux, out=dr[d, 2 * hidden:])
+                else:
+                    np.matmul(dpre[:, cols].T, hp, out=dr[d])
+            if dw is not None:
+                np.matmul(dpre[:, cols].T, x.reshape(rows, g.inputs), out=dw[d])
+            if db is not None:
+                np.sum(dpre[:, cols], axis=0, out=db[d, :gh])
+                np.sum(drec[:, cols], axis=0, out=db[d, gh:])
+        if dx is not None:
+            np.matmul(dpre, w.reshape(g.directions * gh, g.inputs), out=dx.reshape(rows, g.inputs))
+    return run
+
+
+def lstm_grad(ctx):
+    """Launcher of com.microsoft LSTMGrad: ``run(X, W, R, B, sequence_lens, initial_h, initial_c, P, HAll,
+    CAll, IOFC, dHAll, dHt, dCt, dX, dW, dR, dB, dH0, dC0, dP, *workspace)`` (absent ones None)."""
+    return _backward(ctx, "LSTM")
+
+
+def gru_grad(ctx):
+    return _backward(ctx, "GRU")
+
+
+def rnn_grad(ctx):
+    return _backward(ctx, "RNN")
