@@ -435,93 +435,77 @@ _LOSS_NODES = ("squared_error", "absolute_error", "elastic", "log")
 def add_loss_output(model, score_name: str = "squared_error", loss_name: str = "loss", label_name: str = "label",
                     output_index: int = 0, penalty: dict | None = None, l1_weight: float = 0.5,
                     l2_weight: float = 0.5):
-    """A copy of ``model`` (ModelProto or path) with an input ``label_name`` and an output ``loss_name``:
+    """A copy of ``model`` (ModelProto, path or bytes) with an input ``label_name`` and an output ``loss_name``:
     the loss of output ``output_index`` against the label, as a scalar of shape [1, 1] (onnxcustom's form).
 
     ``score_name``: ``squared_error`` sum (p - y)^2, ``absolute_error`` sum |p - y|, ``elastic``
     l1_weight * absolute + l2_weight * squared, ``log`` -sum log p[label] of a probability output (one
     column: the probability of class 1); sums over the whole batch, as onnxcustom writes them. ``penalty``:
     {initializer name: {"l1": a, "l2": b}} adds a * sum |w| + b * sum w^2 per named weight.
+    Returns a ModelProto (built on edgetrain's IR; ``onnx_io`` writes it).
     """
-    from onnx import TensorProto, helper, numpy_helper
-
-    from .onnx_io import load_model
+    from .ir import Node, TensorType, Value
+    from .onnx_io import from_graph, to_graph
 
     if score_name not in _LOSS_NODES:
         raise InputError(f"score_name must be one of {_LOSS_NODES}, got {score_name!r}")
-    proto = copy.deepcopy(load_model(model))
-    graph = proto.graph
-    if not 0 <= output_index < len(graph.output):
-        raise InputError(f"output_index {output_index} is out of range: the model has {len(graph.output)} "
+    graph = to_graph(model)
+    if not 0 <= output_index < len(graph.outputs):
+        raise InputError(f"output_index {output_index} is out of range: the model has {len(graph.outputs)} "
                          "output(s)")
-    out = graph.output[output_index]
-    names = {v.name for v in graph.input} | {v.name for v in graph.output} | {t.name for t in graph.initializer}
+    out = graph.outputs[output_index]
+    if not isinstance(out.type, TensorType):
+        raise InputError(f"output '{out.name}' has no declared tensor type: declare it to add a loss on it")
+    names = {v.name for v in graph.inputs} | {v.name for v in graph.outputs} | set(graph.initializers)
     clash = [n for n in (loss_name, label_name) if n in names]
     if clash:
         raise InputError(f"{clash} already name values of the model: choose other loss_name/label_name")
-    elem = out.type.tensor_type.elem_type
-    dims = [d.dim_param or d.dim_value or None for d in out.type.tensor_type.shape.dim]
-    if score_name == "log":
-        graph.input.append(helper.make_tensor_value_info(label_name, TensorProto.INT64, dims[:1]))
-    else:
-        graph.input.append(helper.make_tensor_value_info(label_name, elem, dims))
-    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    dtype, dims = out.type.dtype, out.type.shape
+    label = (TensorType(np.int64, dims[:1]) if score_name == "log" else out.type)
     p = f"{loss_name}_"
-    nodes, terms = [], []
+    nodes, terms, inits = [], [], {}
+
+    def node(op, inputs, name, **attrs):
+        nodes.append(Node(op, list(inputs), [p + name], attrs, p + name))
+        return p + name
 
     def const(name, value, of=dtype):
-        graph.initializer.append(numpy_helper.from_array(np.asarray(value, of), p + name))
-        return p + name
-
-    def total(name, x):
-        nodes.append(helper.make_node("ReduceSum", [x], [p + name], keepdims=0))
+        inits[p + name] = np.asarray(value, of)
         return p + name
 
     if score_name == "log":
-        onehot_cols = dims[-1] if len(dims) > 1 and isinstance(dims[-1], int) else None
         prob = out.name
-        if onehot_cols == 1:
-            nodes.append(helper.make_node("Sub", [const("one", 1.0), out.name], [p + "p0"]))
-            nodes.append(helper.make_node("Concat", [p + "p0", out.name], [p + "prob"], axis=-1))
-            prob = p + "prob"
-        nodes.append(helper.make_node("Clip", [prob, const("eps", 1e-7), const("max", 1.0)], [p + "clipped"]))
-        nodes.append(helper.make_node("Log", [p + "clipped"], [p + "log"]))
-        nodes.append(helper.make_node("Unsqueeze", [label_name, const("axis", [1], np.int64)], [p + "idx"]))
-        nodes.append(helper.make_node("GatherElements", [p + "log", p + "idx"], [p + "picked"], axis=1))
-        nodes.append(helper.make_node("Neg", [total("nll", p + "picked")], [p + "score"]))
-        terms.append(p + "score")
+        if len(dims) > 1 and dims[-1] == 1:
+            prob = node("Concat", [node("Sub", [const("one", 1.0), out.name], "p0"), out.name], "prob", axis=-1)
+        clipped = node("Clip", [prob, const("eps", 1e-7), const("max", 1.0)], "clipped")
+        idx = node("Unsqueeze", [label_name, const("axis", [1], np.int64)], "idx")
+        picked = node("GatherElements", [node("Log", [clipped], "log"), idx], "picked", axis=1)
+        terms.append(node("Neg", [node("ReduceSum", [picked], "nll", keepdims=0)], "score"))
     else:
-        nodes.append(helper.make_node("Sub", [out.name, label_name], [p + "diff"]))
+        diff = node("Sub", [out.name, label_name], "diff")
         if score_name in ("absolute_error", "elastic"):
-            nodes.append(helper.make_node("Abs", [p + "diff"], [p + "abs"]))
-            terms.append(total("l1", p + "abs"))
+            terms.append(node("ReduceSum", [node("Abs", [diff], "abs")], "l1", keepdims=0))
         if score_name in ("squared_error", "elastic"):
-            nodes.append(helper.make_node("Mul", [p + "diff", p + "diff"], [p + "sq"]))
-            terms.append(total("l2", p + "sq"))
+            terms.append(node("ReduceSum", [node("Mul", [diff, diff], "sq")], "l2", keepdims=0))
         if score_name == "elastic":
-            nodes.append(helper.make_node("Mul", [terms[0], const("w1", l1_weight)], [p + "l1w"]))
-            nodes.append(helper.make_node("Mul", [terms[1], const("w2", l2_weight)], [p + "l2w"]))
-            terms = [p + "l1w", p + "l2w"]
-    inits = {t.name for t in graph.initializer}
+            terms = [node("Mul", [terms[0], const("w1", l1_weight)], "l1w"),
+                     node("Mul", [terms[1], const("w2", l2_weight)], "l2w")]
     for k, (weight, coefs) in enumerate((penalty or {}).items()):
-        if weight not in inits:
+        if weight not in graph.initializers:
             raise InputError(f"penalty names '{weight}', which is not an initializer of the model")
         unknown = set(coefs) - {"l1", "l2"}
         if unknown:
             raise InputError(f"penalty of '{weight}' has unknown keys {sorted(unknown)}; use 'l1' and 'l2'")
         if coefs.get("l1"):
-            nodes.append(helper.make_node("Abs", [weight], [f"{p}pabs{k}"]))
-            nodes.append(helper.make_node("Mul", [total(f"pl1_{k}", f"{p}pabs{k}"), const(f"a{k}", coefs["l1"])],
-                                          [f"{p}pen1_{k}"]))
-            terms.append(f"{p}pen1_{k}")
+            total = node("ReduceSum", [node("Abs", [weight], f"pabs{k}")], f"pl1_{k}", keepdims=0)
+            terms.append(node("Mul", [total, const(f"a{k}", coefs["l1"])], f"pen1_{k}"))
         if coefs.get("l2"):
-            nodes.append(helper.make_node("Mul", [weight, weight], [f"{p}psq{k}"]))
-            nodes.append(helper.make_node("Mul", [total(f"pl2_{k}", f"{p}psq{k}"), const(f"b{k}", coefs["l2"])],
-                                          [f"{p}pen2_{k}"]))
-            terms.append(f"{p}pen2_{k}")
-    nodes.append(helper.make_node("Sum", terms, [p + "sum"]) if len(terms) > 1 else
-                 helper.make_node("Identity", terms, [p + "sum"]))
-    nodes.append(helper.make_node("Reshape", [p + "sum", const("shape", [1, 1], np.int64)], [loss_name]))
-    graph.node.extend(nodes)
-    graph.output.append(helper.make_tensor_value_info(loss_name, elem, [1, 1]))
-    return proto
+            total = node("ReduceSum", [node("Mul", [weight, weight], f"psq{k}")], f"pl2_{k}", keepdims=0)
+            terms.append(node("Mul", [total, const(f"b{k}", coefs["l2"])], f"pen2_{k}"))
+    summed = node("Sum", terms, "sum") if len(terms) > 1 else terms[0]
+    nodes.append(Node("Reshape", [summed, const("shape", [1, 1], np.int64)], [loss_name], {}, p + "reshape"))
+    graph.nodes += nodes
+    graph.initializers |= inits
+    graph.inputs.append(Value(label_name, label))
+    graph.outputs.append(Value(loss_name, TensorType(dtype, (1, 1))))
+    return from_graph(graph.verify())
