@@ -196,7 +196,7 @@ def _resnet18(torch, nn, rng, tiny):
 
 
 def _autoencoder(torch, nn, rng, tiny):
-    chans, size, batch = ((1, 2, 4, 4), 8, 2) if tiny else ((3, 16, 32, 64), 64, 16)
+    chans, size, batch = ((1, 4, 8, 8), 16, 2) if tiny else ((3, 16, 32, 64), 64, 16)
     enc, dec = [], []
     for a, b in zip(chans, chans[1:]):
         enc += [nn.Conv2d(a, b, 3, 2, 1), nn.ReLU()]
@@ -245,7 +245,15 @@ def build(name: str, tiny: bool = False) -> Workload:
 def export(w: Workload, path) -> None:
     """The forward model as ONNX (opset 17), each module exported in the mode it is in (frozen parts' BatchNorm in
     inference mode), weights as initializers named after the state dict."""
+    import warnings
+
     import torch
+    with warnings.catch_warnings():     # the exporter's notes on dropped in-place stat updates and RNN layouts
+        warnings.simplefilter("ignore")
+        _export(torch, w, path)
+
+
+def _export(torch, w: Workload, path) -> None:
     torch.onnx.export(w.model, (torch.from_numpy(w.x),), str(path), dynamo=False, input_names=["input"],
                       output_names=["output"], dynamic_axes=w.dynamic, opset_version=17,
                       training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False)

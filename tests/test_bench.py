@@ -3,11 +3,13 @@
 Checks what the harness reports, against ORT 1.19.2 and torch (not against edgetrain): every system ran and
 reported numbers, and they all start from the same loss (same weights, same batch); never timings.
 """
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "train.py"
@@ -40,3 +42,66 @@ def test_training_bench_quick_run_on_digits(ort, tmp_path):
     report = (tmp_path / "RESULTS.md").read_text()
     assert "| digits | ort | " in report and "## Targets" in report
     assert "| digits | edgetrain | " in out.stdout
+
+
+# -- bench/workloads.py: each realistic job, at its test size, exports, makes artifacts and trains one step ---------
+def _workloads():
+    spec = importlib.util.spec_from_file_location("bench_workloads", BENCH.parent / "workloads.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+WORKLOADS = _workloads()
+
+
+@pytest.mark.parametrize("name", WORKLOADS.NAMES)
+def test_workload_makes_artifacts_and_its_first_step_is_torchs(name, tmp_path):
+    """The tiny workload through edgetrain's generate_artifacts and one AdamW step: the first loss is torch's on the
+    same module (frozen parts in inference mode) and the step moves the weights torch gives a gradient, and the running
+    statistics of BatchNorm in training mode, and nothing else. A recurrent op
+    edgetrain lacks is refused at artifact time with an error naming it (bench/train.py reports "refused")."""
+    torch = pytest.importorskip("torch")
+    import onnx
+
+    from edgetrain import artifacts
+    from edgetrain.api import CheckpointState, Module, Optimizer
+    from edgetrain.errors import UnsupportedOpError
+
+    w = WORKLOADS.build(name, tiny=True)
+    WORKLOADS.export(w, tmp_path / "model.onnx")
+    trainable, frozen = WORKLOADS.params(w, [i.name for i in onnx.load(str(tmp_path / "model.onnx")).graph.initializer])
+    assert trainable
+    art = tmp_path / "artifacts"
+    try:
+        artifacts.generate_artifacts(str(tmp_path / "model.onnx"), requires_grad=trainable, frozen_params=frozen,
+                                     loss=artifacts.LossType[w.loss], optimizer=artifacts.OptimType.AdamW,
+                                     artifact_directory=art)
+    except UnsupportedOpError as e:
+        cell = {"lstm": "LSTM", "gru": "GRU"}.get(name)
+        if cell is None or f"'{cell}'" not in str(e):
+            raise
+        pytest.skip(f"edgetrain refuses {cell} today: {e}")
+    assert {p.name for p in art.iterdir()} >= {"training_model.onnx", "optimizer_model.onnx", "checkpoint"}
+    loss_fn = {"CrossEntropyLoss": torch.nn.functional.cross_entropy, "MSELoss": torch.nn.functional.mse_loss}
+    torch_loss = loss_fn[w.loss](w.model(torch.from_numpy(w.x)), torch.from_numpy(w.y))
+    torch_loss.backward()
+    expected = float(torch_loss)
+    # weights whose gradient is not zero (a bias right before a BatchNorm in training mode gets exactly none)
+    live = {n for n, p in w.model.named_parameters() if p.grad is not None and float(p.grad.abs().max()) > 1e-6}
+    statistics = {f"{m}.{s}" for m, mod in w.model.named_modules()
+                  if isinstance(mod, torch.nn.BatchNorm2d) and mod.training for s in ("running_mean", "running_var")}
+
+    state = CheckpointState.load_checkpoint(art / "checkpoint")
+    module = Module(art / "training_model.onnx", state)
+    optimizer = Optimizer(art / "optimizer_model.onnx", module)
+    before = {n: np.array(state.parameters[n].data) for n in trainable + frozen}
+    module.train()
+    loss = float(module(w.x, w.y))
+    optimizer.step()
+    module.lazy_reset_grad()
+    assert loss == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    moved = {n for n, a in before.items() if not np.array_equal(a, state.parameters[n].data)}
+    # the weights with a gradient move, and the running statistics of BatchNorm in training mode; nothing else
+    assert live and live | statistics <= moved <= set(trainable) | statistics
