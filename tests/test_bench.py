@@ -33,7 +33,7 @@ def test_training_bench_quick_run_on_digits(ort, tmp_path):
     assert "ms" in rows["ort@edgetrain"] or rows["ort@edgetrain"]["error"]   # numbers, or ORT's refusal
     for name in ("edgetrain", "edgetrain@ort"):
         assert rows[name]["cold"] > 0 and rows[name]["cold_error"] is None
-    assert rows["edgetrain"]["profile"]["calls_ms"], "no per-call breakdown"
+    assert rows["edgetrain"]["profile"]["by_op"], "no per-kernel breakdown"
     ort_loss = rows["ort"]["loss_first"]
     for name in ("edgetrain", "edgetrain@ort", "torch"):
         assert rows[name]["loss_first"] == pytest.approx(ort_loss, rel=1e-5), name
