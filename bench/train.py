@@ -511,6 +511,10 @@ WORKLOAD_NOTES = """\
   LayerNormalization's Mean/InvStdDev outputs named (its gradient needs them, ANCHORS.md). `torch` trains the
   same module (same weights) with `torch.optim.AdamW` over the parameters that require a gradient.
 - `refused: <reason>`: the system could not make artifacts for the workload (the reason is its own error).
+- ORT 1.19.2's `generate_artifacts` turns every BatchNormalization of the training model into training mode
+  (`BatchNormInternal`, training_mode=1), also those exported in inference mode: on `mobilenetv2_*` ORT's frozen
+  backbone normalises with batch statistics and updates its running statistics, so its loss differs from
+  edgetrain's and torch's (which keep the export's mode) and its step does that extra work.
 - `x2` rows: edgetrain with EDGETRAIN_NUM_THREADS=2 (BLAS and Numba threads), ORT with intra_op_num_threads=2;
   their ratios are to `ort x2`. The edgetrain x2 rows share the 1-thread rows' kernel cache (no cold start).
 - The protocol is the bench models' (below): fresh processes, rotating order, the same fixed batch everywhere,

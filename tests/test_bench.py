@@ -105,3 +105,20 @@ def test_workload_makes_artifacts_and_its_first_step_is_torchs(name, tmp_path):
     moved = {n for n, a in before.items() if not np.array_equal(a, state.parameters[n].data)}
     # the weights with a gradient move, and the running statistics of BatchNorm in training mode; nothing else
     assert live and live | statistics <= moved <= set(trainable) | statistics
+
+
+def test_workloads_section_replaces_its_own_and_keeps_the_rest(tmp_path, monkeypatch):
+    """bench/RESULTS.md holds the bench models' report and the workloads' section: each run rewrites only its own."""
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("bench_train", BENCH)
+    train = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, train)       # its dataclasses look their module up there
+    spec.loader.exec_module(train)
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# Training benchmark\n| mlp | ort |\n")
+    train.write_section(path, ["# Realistic workloads", "| gpt | old |"])
+    train.write_section(path, ["# Realistic workloads", "| gpt | new |"])
+    text = path.read_text()
+    assert text.startswith("# Training benchmark\n| mlp | ort |\n") and "| gpt | new |" in text
+    assert "old" not in text and text.count(train.SECTION[0]) == 1
+    assert train.kept_section(path).endswith(train.SECTION[1]) and "| gpt | new |" in train.kept_section(path)
