@@ -6,8 +6,8 @@
 ``system`` is ``edgetrain`` (edgetrain.api on the artifacts in ``source``), ``ort`` (ONNX Runtime 1.19.2's
 training API on them; run with the ORT venv's python: torch is kept out of the process) or ``torch``
 (PyTorch eager nn.Modules with the initial weights of the .npz ``source``; for ``"workload": NAME`` (and
-``"tiny"``) the module bench/workloads.py builds, which the artifacts were exported from). Every system trains on the one
-fixed batch in ``batch`` (``x``, ``y``). A step is ORT's ``module.train(); loss = module(x, y);
+``"tiny"``) the module bench/workloads.py builds, which the artifacts were exported from). Every system trains
+on the one fixed batch in ``batch`` (``x``, ``y``). A step is ORT's ``module.train(); loss = module(x, y);
 optimizer.step(); module.lazy_reset_grad()``, or torch's ``zero_grad; forward; loss; backward; step``.
 
 Reports: ``first_s`` (process start -> first step done), ms per step over ``steps`` timed steps after ``warmup``

@@ -8,15 +8,17 @@ Nothing here is checked in as a model file: every run builds the same weights fr
 column of the bench rebuilds the model instead of reading weights back. ``tiny`` keeps each architecture's
 kinds of layers at a size a unit test can train in seconds (tests/test_bench.py).
 
-| workload | what | batch | trains |
-|---|---|---|---|
-| mobilenetv2_frozen | MobileNetV2 (width 1.0), 3x224x224, 10 classes | 8 | the classifier; backbone frozen, BatchNorm in inference mode |
-| mobilenetv2_last | the same | 8 | the last two inverted-residual blocks, the last 1x1 conv (their BatchNorm in training mode) and the classifier |
-| kws | DS-CNN keyword spotting: Conv 10x4 s2 + 4 depthwise-separable blocks, 1x49x10 MFCC, 12 classes | 32 | all |
-| lstm / gru | one LSTM / GRU layer (40 -> 64) over 49 frames of 40 MFCC, last state -> 12 classes | 16 | all |
-| gpt | 4 pre-LN blocks, d 128, 4 heads, context 64, byte vocabulary (256), tied embeddings, `arange` positions, triu causal mask, dynamic batch, labels [N*T] | 8 | all |
-| resnet18 | ResNet-18 (7x7 s2 stem, max pool), 3x64x64, 10 classes | 8 | all |
-| autoencoder | Conv s2 x3 (3->16->32->64) and ConvTranspose s2 x3 back, 3x64x64, MSE | 16 | all |
+- mobilenetv2_frozen: MobileNetV2 (width 1.0) on 3x224x224, 10 classes, batch 8; trains the classifier, the
+  backbone frozen with its BatchNorm in inference mode.
+- mobilenetv2_last: the same, also training the last two inverted-residual blocks and the last 1x1 conv (their
+  BatchNorm in training mode).
+- kws: DS-CNN keyword spotting (Conv 10x4 s2 + 4 depthwise-separable blocks, 64 channels) on 1x49x10 MFCC,
+  12 classes, batch 32.
+- lstm / gru: one LSTM / GRU layer (40 -> 64) over 49 frames of 40 MFCC, last state -> 12 classes, batch 16.
+- gpt: 4 pre-LN blocks, d 128, 4 heads, context 64, byte vocabulary (256), tied embeddings, `arange` positions,
+  triu causal mask, dynamic batch (8), labels [N*T].
+- resnet18: ResNet-18 (7x7 s2 stem, max pool) on 3x64x64, 10 classes, batch 8.
+- autoencoder: Conv s2 x3 (3->16->32->64) and ConvTranspose s2 x3 back on 3x64x64, MSE, batch 16.
 """
 from __future__ import annotations
 

@@ -58,9 +58,9 @@ WORKLOADS = _workloads()
 
 @pytest.mark.parametrize("name", WORKLOADS.NAMES)
 def test_workload_makes_artifacts_and_its_first_step_is_torchs(name, tmp_path):
-    """The tiny workload through edgetrain's generate_artifacts and one AdamW step: the first loss is torch's on the
-    same module (frozen parts in inference mode) and the step moves the weights torch gives a gradient, and the running
-    statistics of BatchNorm in training mode, and nothing else. A recurrent op
+    """The tiny workload through edgetrain's generate_artifacts and one AdamW step: the first loss is torch's on
+    the same module (frozen parts in inference mode) and the step moves the weights torch gives a gradient and the
+    running statistics of BatchNorm in training mode, nothing else. A recurrent op
     edgetrain lacks is refused at artifact time with an error naming it (bench/train.py reports "refused")."""
     torch = pytest.importorskip("torch")
     import onnx
@@ -71,7 +71,8 @@ def test_workload_makes_artifacts_and_its_first_step_is_torchs(name, tmp_path):
 
     w = WORKLOADS.build(name, tiny=True)
     WORKLOADS.export(w, tmp_path / "model.onnx")
-    trainable, frozen = WORKLOADS.params(w, [i.name for i in onnx.load(str(tmp_path / "model.onnx")).graph.initializer])
+    initializers = [i.name for i in onnx.load(str(tmp_path / "model.onnx")).graph.initializer]
+    trainable, frozen = WORKLOADS.params(w, initializers)
     assert trainable
     art = tmp_path / "artifacts"
     try:
