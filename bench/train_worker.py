@@ -179,7 +179,8 @@ def profile(source: str, x, y, steps: int, input_names: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="edgetrain-profile-") as folder:
         for name in ("training_model.onnx", "optimizer_model.onnx", "checkpoint"):
             os.symlink(os.path.join(os.path.abspath(source), name), os.path.join(folder, name))
-        found = profile_artifacts(folder, batch_size=int(x.shape[0]), steps=max(2, steps),
+        # no batch size: every input comes from ``data`` (a batch size would cut labels shaped [N*T] to N)
+        found = profile_artifacts(folder, steps=max(2, steps),
                                   data=dict(zip(input_names, (x, y))), measure_memory=False)
     by_op = {f"{r.kind} {label}": ms for r in found.reports for label, ms in r.by_op.items()}
     return {"step_ms": sum(r.step_ms for r in found.reports), "kernel_ms": sum(r.kernel_ms for r in found.reports),
