@@ -123,3 +123,29 @@ def test_workloads_section_replaces_its_own_and_keeps_the_rest(tmp_path, monkeyp
     assert text.startswith("# Training benchmark\n| mlp | ort |\n") and "| gpt | new |" in text
     assert "old" not in text and text.count(train.SECTION[0]) == 1
     assert train.kept_section(path).endswith(train.SECTION[1]) and "| gpt | new |" in train.kept_section(path)
+
+
+@pytest.mark.native
+@pytest.mark.slow
+@pytest.mark.ort119
+def test_workloads_quick_run_at_test_size(ort, tmp_path):
+    """bench/train.py --workloads end to end on the tiny gpt (labels [N*T], dynamic batch, tied embeddings) and
+    lstm: ORT 1.19.2 and torch agree with edgetrain's first loss where it trains, and a refusal is reported as
+    such, not as a crash."""
+    out = subprocess.run([sys.executable, str(BENCH), "--workloads", "gpt", "lstm", "--tiny", "--quick", "--out",
+                          str(tmp_path / "RESULTS.md"), "--json", str(tmp_path / "results.json")],
+                         check=False, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads((tmp_path / "results.json").read_text())
+    assert found["systems"] == ["edgetrain", "ort", "torch"]
+    gpt = found["table"]["gpt"]
+    for name in ("edgetrain", "ort", "torch"):
+        assert gpt[name].get("error") is None, f"{name}: {gpt[name].get('error')}"
+        assert gpt[name]["loss_first"] == pytest.approx(gpt["ort"]["loss_first"], rel=1e-5), name
+    assert gpt["edgetrain"]["loss_last"] == pytest.approx(gpt["ort"]["loss_last"], rel=1e-3, abs=1e-5)
+    assert gpt["edgetrain"]["profile"]["by_op"], "no per-kernel breakdown"
+    lstm = found["table"]["lstm"]
+    assert lstm["ort"].get("error") is None and lstm["torch"].get("error") is None
+    assert "ms" in lstm["edgetrain"] or lstm["edgetrain"]["error"].startswith("refused: ")
+    report = (tmp_path / "RESULTS.md").read_text()
+    assert "| gpt | ort | " in report and "## Workload targets" in report
