@@ -12,4 +12,12 @@ from .errors import EdgetrainError  # noqa: E402
 from .ortvalue import OrtValue  # noqa: E402
 from .session import InferenceSession  # noqa: E402
 
-__all__ = ["EdgetrainError", "InferenceSession", "OrtValue", "__version__"]
+__all__ = ["EdgetrainError", "ForwardBackward", "InferenceSession", "OrtValue", "__version__"]
+
+
+def __getattr__(name):
+    # imported on first use: the autodiff and planning it pulls in would make every `import edgetrain` heavier
+    if name == "ForwardBackward":
+        from .forward_backward import ForwardBackward
+        return ForwardBackward
+    raise AttributeError(f"module 'edgetrain' has no attribute '{name}'")

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import budget
 from . import checkpoint as ckpt_io
-from .errors import EdgetrainError, InputError
+from .errors import EdgetrainError, InputError, NominalStateError
 from .ir import Graph, TensorType
 from .ops import node_attr
 from .ortvalue import OrtValue, as_array
@@ -23,12 +23,14 @@ from .runtime.step import TrainingStep, check_loss, check_writes
 from .session import bind_feeds
 
 BUFFER = "_grad.accumulation.buffer"
+NOMINAL_ASSIGN = "Cannot copy parameter to a nominal state. Please load all the parameter states first."
 RESET = "lazy_reset_grad"
 
 
 class Parameter:
-    """One parameter: ``name``, ``data`` (a copy; assigning copies in), ``grad`` (None before the first
-    training step), ``requires_grad``."""
+    """One parameter: ``name``, ``data`` (a copy; assigning copies in), ``grad`` (a copy of its gradient
+    buffer: zeros from the moment a Module is bound, None for frozen parameters and before any Module, as in
+    ORT), ``requires_grad``."""
 
     def __init__(self, state: CheckpointState, name: str, requires_grad: bool):
         self._state, self.name, self.requires_grad = state, name, requires_grad
@@ -38,13 +40,12 @@ class Parameter:
 
     @property
     def data(self) -> np.ndarray:
-        if self._state._checkpoint.is_nominal and self._state._store is None:
-            raise EdgetrainError(f"parameter '{self.name}' has no data: the checkpoint is nominal; create the "
-                                 "Module and call copy_buffer_to_parameters(buffer, trainable_only=False)")
+        self._state._check_loaded(f"parameter '{self.name}'")
         return np.array(self._array())
 
     @data.setter
     def data(self, value) -> None:
+        self._state._check_loaded(f"assigning parameter '{self.name}'", NOMINAL_ASSIGN)
         target = self._array()
         value = np.asarray(value)
         if value.shape != target.shape or value.dtype != target.dtype:
@@ -54,10 +55,12 @@ class Parameter:
 
     @property
     def grad(self) -> np.ndarray | None:
+        self._state._check_loaded(f"the gradient of parameter '{self.name}'")
         store = self._state._store
-        if store is None or not self.requires_grad or not store.has_gradients:
+        if store is None or not self.requires_grad:
             return None
-        return np.array(store.grad(self.name))
+        # before the first step the buffers hold zeros (a Module starts from zeroed gradients, as ORT's does)
+        return np.array(store.grad(self.name)) if store.has_gradients else np.zeros_like(store.grad(self.name))
 
     def __repr__(self) -> str:
         return f"Parameter(name={self.name!r}, requires_grad={self.requires_grad})"
@@ -75,9 +78,11 @@ class Parameters:
     def __getitem__(self, name: str) -> Parameter:
         if name not in self:
             raise KeyError(f"no parameter named '{name}'; parameters: {self._names()}")
+        self._state._check_loaded(f"parameter '{name}'")
         return Parameter(self._state, name, name in self._state._checkpoint.trainable)
 
     def __setitem__(self, name: str, value) -> None:
+        self._state._check_loaded(f"assigning parameter '{name}'", NOMINAL_ASSIGN)
         self[name].data = value
 
     def __contains__(self, name) -> bool:
@@ -121,6 +126,15 @@ class CheckpointState:
         self._checkpoint = checkpoint
         self._store: StateStore | None = None
         self._optimizer = None
+        # a nominal checkpoint holds no values until copy_buffer_to_parameters(..., trainable_only=False)
+        self._nominal = checkpoint.is_nominal
+
+    def _check_loaded(self, what: str, problem: str = "Cannot get parameter from a nominal state. Please load "
+                                                      "the parameter states first.") -> None:
+        """ORT's refusals on a nominal state, at the same points and with its wording first."""
+        if self._nominal:
+            raise NominalStateError(f"{problem} ({what}: the checkpoint is nominal; create the Module and call "
+                                    "copy_buffer_to_parameters(buffer, trainable_only=False))")
 
     @classmethod
     def load_checkpoint(cls, checkpoint_uri: str | os.PathLike) -> CheckpointState:
@@ -180,11 +194,14 @@ def _classify(graph: Graph, params: set[str]) -> _ModelIO:
 
 
 def _plain_arrays(io: _ModelIO, user_inputs) -> tuple[np.ndarray, ...]:
-    """``user_inputs`` as exact ``np.ndarray`` views (no copy) of array subclasses; anything else is refused."""
+    """``user_inputs`` as exact ``np.ndarray`` views (no copy) of array subclasses, and ORT ``OrtValue``s
+    (anything with ``.numpy()``) through their arrays; anything else (lists, scalars) is refused."""
+    arrays = []
     for name, x in zip(io.user_inputs, user_inputs):
-        if not isinstance(x, np.ndarray):
-            raise InputError(f"input '{name}' must be a numpy array, got {type(x).__name__}")
-    return tuple(np.asarray(x) for x in user_inputs)
+        if not isinstance(x, np.ndarray) and not callable(getattr(x, "numpy", None)):
+            raise InputError(f"input '{name}' must be a numpy array or an OrtValue, got {type(x).__name__}")
+        arrays.append(as_array(x))
+    return tuple(arrays)
 
 
 def _running_stats(graph: Graph) -> list[tuple[str, str]]:
@@ -350,7 +367,15 @@ class Module:
                       [k for k, name in enumerate(names) if name in io.outputs])
 
     def __call__(self, *user_inputs):
+        """Outputs as numpy arrays; as ``OrtValue``s (edgetrain's: arrays that answer ORT's methods) when no
+        input is a numpy array, as ORT returns them then."""
         io = self._io()
+        if self._state._nominal:
+            step = "TrainStep" if self.training else "EvalStep"
+            raise NominalStateError(f"Cannot perform {step} with a nominal state. Please load the model parameters "
+                                    "first. (copy_buffer_to_parameters(buffer, trainable_only=False))")
+        ort_values = bool(user_inputs) and not any(isinstance(x, np.ndarray) and not isinstance(x, OrtValue)
+                                                   for x in user_inputs)
         if len(user_inputs) != len(io.user_inputs):
             raise InputError(f"the {'training' if self.training else 'eval'} model takes {len(io.user_inputs)} "
                              f"input(s) {io.user_inputs}, got {len(user_inputs)}")
@@ -369,14 +394,37 @@ class Module:
         else:
             outs = bound.program.run(inputs)
             check_loss(outs, bound.results[0], io.outputs[0])
+        wrap = (lambda a: np.array(a).view(OrtValue)) if ort_values else np.array
         if len(bound.results) == 1:
-            return np.array(outs[bound.results[0]])
-        return [np.array(outs[k]) for k in bound.results]
+            return wrap(outs[bound.results[0]])
+        return [wrap(outs[k]) for k in bound.results]
 
     def planned_kernels(self) -> int:
         """Kernel calls in every program this module has planned so far (one per input shape and model). An
         edgetrain extension: the command line shows compile progress against it."""
         return sum(prog.plan.n_kernels for prog in self._programs.values())
+
+    # -- introspection: edgetrain extensions, what the profiler, command line and minimal build read ----------
+    def graph(self) -> Graph:
+        """The IR graph of the model the current mode runs (training or eval model); its inputs carry types."""
+        return self._io().graph
+
+    def program(self, *user_inputs) -> Program:
+        """The program the current mode runs for inputs of these shapes and types (planned now if new); a
+        training step runs it through the module (``module(...)``), which commits what it computes."""
+        io = self._io()
+        return self._planned(io, dict(zip(io.user_inputs, _plain_arrays(io, user_inputs))))[0]
+
+    def programs(self) -> list[tuple[str, Program]]:
+        """Every program planned so far, tagged "train" or "eval"; a training step has two, one per gradient
+        slot of the state (``runtime/step.py``), and runs the other one each step."""
+        found = [("train", p) for step in self._steps.values() for p in step.programs]
+        return found + [("eval", p) for key, p in self._programs.items() if key not in self._steps]
+
+    @property
+    def state_store(self) -> StateStore:
+        """Parameters, gradients (two slots), optimizer moments and frozen arrays, each one flat array."""
+        return self._store
 
     def fixed_batch_size(self) -> int | None:
         """The batch size the current model's inputs fix (an integer first dimension), or None when the batch
@@ -418,6 +466,9 @@ class Module:
         rollbacks). ``copy=False`` opts into a live, zero-copy view of the trainable parameters: writes to it
         change the model, and later steps change it. Frozen parameters are stored apart, so a view cannot hold
         them."""
+        if self._state._nominal:
+            raise NominalStateError("Cannot copy parameters from a nominal checkpoint state. Please load the model "
+                                    "parameters first. (copy_buffer_to_parameters(buffer, trainable_only=False))")
         if not copy:
             if self._store.frozen and not trainable_only:
                 raise InputError("a zero-copy view holds only the trainable parameters (the frozen ones, "
@@ -437,6 +488,10 @@ class Module:
         want = self.get_parameters_size(trainable_only)
         if buffer.size != want:
             raise InputError(f"buffer has {buffer.size} elements, the parameters need {want}")
+        if trainable_only and self._state._nominal:
+            raise NominalStateError("For nominal checkpoint state, all parameters need to be loaded into the model "
+                                    "(trainable_only = false).")
+        self._state._nominal = False
         if trainable_only:
             np.copyto(self._store.params, buffer.astype(self._store.dtype, copy=False))
             return
@@ -513,9 +568,13 @@ class Optimizer:
         module._state._optimizer = self
 
     @property
-    def _program(self) -> Program:
-        """The program reading the committed gradients."""
+    def program(self) -> Program:
+        """The program the next ``step()`` runs: the one reading the committed gradients."""
         return self._programs[self._store.slot]
+
+    def programs(self) -> tuple[Program, Program]:
+        """Both programs, one per gradient slot of the state (an edgetrain extension, for profiling)."""
+        return self._programs
 
     def _restore(self, ckpt: ckpt_io.Checkpoint, moments: int) -> None:
         if not ckpt.optimizer_groups:
@@ -533,11 +592,14 @@ class Optimizer:
 
     def step(self) -> None:
         """One update from the accumulated gradients."""
+        if self._module._state._nominal:
+            raise NominalStateError("The optimizer state cannot be constructed. Please load the model parameters "
+                                    "first. (copy_buffer_to_parameters(buffer, trainable_only=False))")
         if not self._store.has_gradients:
             raise EdgetrainError("Optimizer.step() before any gradient: run a training step (module(inputs...)) "
                                  "first")
         self._step[0] = self._store.step + 1
-        self._program.run([])
+        self.program.run([])
         self._store.step += 1
 
     def set_learning_rate(self, learning_rate: float) -> None:

@@ -35,8 +35,9 @@ class _TrainingBlock(onnxblock.TrainingBlock):
         self._additional = list(additional_output_names or [])
 
     def build(self, *inputs_to_loss):
-        loss = self._loss(*inputs_to_loss)
-        return (loss, *self._additional) if self._additional else loss
+        loss = self._loss(*inputs_to_loss)     # a name, or several (PassThrough: the model's outputs)
+        names = (loss,) if isinstance(loss, str) else tuple(loss)
+        return (*names, *self._additional) if self._additional or len(names) > 1 else names[0]
 
 
 def _loss_block(loss) -> onnxblock.Block:
@@ -89,8 +90,8 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     for name in frozen_params:
         block.requires_grad(name, False)
     # build everything in memory first: an error leaves no half-written set of artifacts behind
-    with onnxblock.base(proto) as builder:
-        outputs = [v.name for v in builder.graph.outputs]
+    with onnxblock.base(proto) as accessor:
+        outputs = [v.name for v in accessor.model.graph.output]
         if loss_input_names is not None:
             unknown = [n for n in loss_input_names if n not in outputs]
             if unknown:
@@ -99,12 +100,15 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         block(*outputs)
         training_model, eval_model = block.to_model_proto()
         parameters = block.parameters()
-        opset = builder.graph.opset("")
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     files = {"training_model.onnx": training_model, "eval_model.onnx": eval_model,
              "checkpoint": checkpoint_of(parameters)}
     if nominal_checkpoint:
         files["nominal_checkpoint"] = checkpoint_of(parameters, nominal_checkpoint=True)
     if optim is not None:
+        if not parameters[0]:
+            raise EdgetrainError("an optimizer model needs trainable parameters: name them in requires_grad, or "
+                                 "pass optimizer=None for artifacts without gradients")
         with onnxblock.empty_base(opset_version=opset):
             optim(parameters)
             files["optimizer_model.onnx"] = optim.to_model_proto()

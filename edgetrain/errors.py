@@ -35,3 +35,8 @@ class AttributeValueError(ShapeError):
 
 class CacheFolderError(EdgetrainError):
     """The kernel cache folder cannot be created, or others could write to it (owner, mode)."""
+
+
+class NominalStateError(EdgetrainError, RuntimeError):
+    """A nominal checkpoint state (parameter names and types only) was asked for values before they were loaded.
+    A RuntimeError too, as onnxruntime raises one at the same points."""

@@ -188,3 +188,46 @@ def schema_since_version(op_type: str, opset: int, domain: str = "") -> int | No
         return int(onnx.defs.get_schema(op_type, opset, domain).since_version)
     except onnx.defs.SchemaError:
         return None
+
+
+# -- ModelProto editing for onnxblock (whose blocks, as ORT's, build on an ``onnx.ModelProto``) ---------------
+def node_proto(op_type: str, inputs: list[str], outputs: list[str], name: str, domain: str = "",
+               attrs: dict | None = None) -> onnx.NodeProto:
+    attrs = {k: (numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v) for k, v in (attrs or {}).items()}
+    return onnx.helper.make_node(op_type, inputs, outputs, name=name, domain=domain or None, **attrs)
+
+
+def value_info(name: str, t: TensorType | SequenceType | None) -> onnx.ValueInfoProto:
+    """A graph input/output declaration for an IR type (symbolic dims kept as dim_param)."""
+    return _value_info(Value(name, t))
+
+
+def opset_id(domain: str, version: int) -> onnx.OperatorSetIdProto:
+    return onnx.helper.make_opsetid(domain, version)
+
+
+def empty_model(opset_version: int | None) -> onnx.ModelProto:
+    """An empty model as ORT's ``onnxblock.empty_base`` makes it: graph 'graph', opsets com.microsoft 1 and
+    ai.onnx ``opset_version`` (default: the newest onnx defines that edgetrain reads)."""
+    model = onnx.ModelProto()
+    model.producer_name = "orttraining"
+    model.graph.name = "graph"
+    newest = min(onnx.defs.onnx_opset_version(), SUPPORTED_ONNX_OPSETS.stop - 1)
+    model.opset_import.extend([opset_id("com.microsoft", 1), opset_id("", opset_version or newest)])
+    # the lowest IR version for the opset (ORT writes onnx.IR_VERSION, which its pinned onnx keeps at what
+    # ORT 1.19 reads; the installed onnx's may be newer than any ORT 1.19 accepts)
+    model.ir_version = onnx.helper.find_min_ir_version_for([opset_id("", opset_version or newest)])
+    return model
+
+
+def inferred_types(model: onnx.ModelProto) -> dict[str, TensorType | SequenceType | None]:
+    """Types from ``onnx.shape_inference`` (for graphs holding ops edgetrain has no shape rule for)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    types = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        try:
+            types[vi.name] = _tensor_type(vi, "value")
+        except (UnsupportedOpError, ModelLoadError):   # not a tensor, or an element type edgetrain lacks
+            types[vi.name] = None
+    return types

@@ -148,14 +148,17 @@ def _from_data(v, array: np.ndarray, batch_size: int | None, where: str) -> np.n
     return np.ascontiguousarray(array.astype(want, copy=False))
 
 
-def _feeds(module, io, batch_size, rng, data, known: dict[str, np.ndarray], where: str):
-    """Inputs for one model (arrays already made for another model are reused by name) and its program.
+def _feeds(module, training: bool, batch_size, rng, data, known: dict[str, np.ndarray], where: str):
+    """Inputs for the training or eval model (arrays already made for the other are reused by name) and its
+    program.
 
     Integer inputs start as zeros (valid for any index) so the model can be planned; the plan's static types
     then give each one's valid range."""
+    module.train(training)
+    names, graph = module.input_names(), module.graph()
     feeds, synthetic_ints = {}, []
-    for name in io.user_inputs:
-        v = next(x for x in io.graph.inputs if x.name == name)
+    for name in names:
+        v = next(x for x in graph.inputs if x.name == name)
         if name in known:
             feeds[name] = known[name]
         elif name in data:
@@ -165,13 +168,14 @@ def _feeds(module, io, batch_size, rng, data, known: dict[str, np.ndarray], wher
             synthetic_ints.append(name)
         else:
             feeds[name] = rng.standard_normal(_shape(v, batch_size, where)).astype(v.type.dtype)
-    prog = module._program(io, feeds)
+    prog = module.program(*(feeds[n] for n in names))
+    module.train()
     for name in synthetic_ints:
-        bound = index_bound(io.graph, prog.plan.spec.types, name)
+        bound = index_bound(graph, prog.plan.spec.types, name)
         if bound and feeds[name].dtype.kind in "iu":
             feeds[name] = rng.integers(0, bound, feeds[name].shape).astype(feeds[name].dtype)
     known.update(feeds)
-    return [feeds[n] for n in io.user_inputs], prog
+    return [feeds[n] for n in names], prog
 
 
 def _batch_of(inputs: list[np.ndarray]) -> int:
@@ -234,15 +238,17 @@ def _state_bound(kind: str, plan, store, moments: list[str]) -> dict[str, int]:
     return out
 
 
-def _step_report(kind: str, model: str, prog, store, moments) -> StepReport:
+def _step_report(kind: str, model: str, prog, store, moments, plan=None, state=None) -> StepReport:
+    """``plan`` and ``state``: a plan without a program, or bytes bound from outside a state store."""
     from .plan import peak_tensors
-    plan = prog.plan
+    plan = plan or prog.plan
     step, live, rows = peak_tensors(plan)
     consts = sum(np.asarray(c).nbytes for c in plan.spec.consts.values())
     buffers = [{"name": b.name, "offset": b.offset, "bytes": b.nbytes, "start": b.start, "end": b.end}
                for b in plan.memory.buffers if b.offset >= 0]
-    return StepReport(kind, model, plan.arena_bytes, plan.naive_bytes, consts, _state_bound(kind, plan, store,
-                      moments), plan.n_kernels, plan.n_ops, step, live,
+    state = state if state is not None else _state_bound(kind, plan, store, moments)
+    return StepReport(kind, model, plan.arena_bytes, plan.naive_bytes, consts, state, plan.n_kernels, plan.n_ops,
+                      step, live,
                       [{"name": n, "type": t, "bytes": b} for n, t, b in rows], n_steps=len(plan.steps),
                       buffers=buffers)
 
@@ -360,30 +366,32 @@ def profile_artifacts(folder, batch_size: int | None = None, steps: int = 20, da
                     max_memory=max_memory)
     with _naming(opt_path):
         optimizer = Optimizer(opt_path, module) if opt_path.is_file() else None
-    store = module._store
-    inputs_known = set(module._train.user_inputs) | set(module._eval.user_inputs if module._eval else ())
+    store = module.state_store
+    has_eval = eval_path.is_file()
+    inputs_known = set(module.input_names()) | set(module.eval().input_names() if has_eval else ())
+    module.train()
     unexpected = sorted(set(data) - inputs_known)
     if unexpected:
         raise InputError(f"data arrays {unexpected} are not inputs of the models (inputs: {sorted(inputs_known)})")
     known: dict[str, np.ndarray] = {}
     with _naming(folder / "training_model.onnx"):
-        train_inputs, train_prog = _feeds(module, module._train, batch_size, rng, data, known, "training model")
+        train_inputs, train_prog = _feeds(module, True, batch_size, rng, data, known, "training model")
     batch = _batch_of(train_inputs)
     if batch_size is not None and batch != batch_size:
         raise InputError(f"the training model fixes the batch at {batch} (inputs: "
-                         + ", ".join(f"'{v.name}' {v.type}" for v in module._train.graph.inputs
-                                     if v.name in module._train.user_inputs)
+                         + ", ".join(f"'{v.name}' {v.type}" for v in module.graph().inputs
+                                     if v.name in module.input_names())
                          + f"), not {batch_size}: profile at --batch-size {batch}, or make the artifacts from a "
                          "model with a symbolic batch dimension")
     programs = {"train": (train_prog, train_inputs)}
-    if module._eval is not None:
+    if has_eval:
         with _naming(eval_path):
-            eval_inputs, eval_prog = _feeds(module, module._eval, batch, rng, data, known, "eval model")
+            eval_inputs, eval_prog = _feeds(module, False, batch, rng, data, known, "eval model")
         programs["eval"] = (eval_prog, eval_inputs)
     moments = []
     if optimizer is not None:
-        programs["optimizer"] = (optimizer._program, [])
-        moments = [n for n in MOMENT_INPUTS if n in optimizer._program.plan.external]
+        programs["optimizer"] = (optimizer.program, [])
+        moments = [n for n in MOMENT_INPUTS if n in optimizer.program.plan.external]
     model_names = {"train": "training_model.onnx", "eval": "eval_model.onnx", "optimizer": "optimizer_model.onnx"}
     reports = {k: _step_report(k, model_names[k], p, store, moments) for k, (p, _) in programs.items()}
     whole_state = _store_state(store)
@@ -422,7 +430,7 @@ def profile_artifacts(folder, batch_size: int | None = None, steps: int = 20, da
             if after.get(kind):
                 after[kind]()
 
-    # 2. un-instrumented steady steps: the time of each step; then (``memory``) RSS, USS and Python-heap runs
+    # 2. un-instrumented steady steps: the time of each step; then (``measure_memory``) RSS, USS and Python-heap runs
     times = np.zeros((len(order), steps))
     clock = time.perf_counter
     for i in range(steps):
@@ -448,8 +456,9 @@ def profile_artifacts(folder, batch_size: int | None = None, steps: int = 20, da
     inputs = {}
     for kind in ("train", "eval"):
         if kind in programs:
-            io = module._train if kind == "train" else module._eval
-            inputs |= {n: f"{_type_name(a)}" for n, a in zip(io.user_inputs, programs[kind][1])}
+            names = module.train(kind == "train").input_names()
+            inputs |= {n: f"{_type_name(a)}" for n, a in zip(names, programs[kind][1])}
+    module.train()
     return Profile(str(folder), batch, steps, inputs, whole_state, planned, rss_baseline, uss_baseline,
                    anon_baseline, _lifetime_peak_rss(), [reports[k] for k in order], max_memory)
 
@@ -533,4 +542,50 @@ def format_table(p: Profile, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["KernelTime", "Profile", "StepReport", "format_table", "profile_artifacts"]
+def profile_forward_backward(fb, inputs, steps: int = 20, contexts: int = 1) -> dict:
+    """Profile a ``ForwardBackward`` at the shapes of ``inputs``: ``contexts`` training forwards, then a backward
+    of each (a micro-batch pipeline), ``steps`` times after one warm-up round.
+
+    Returns {"forward": StepReport, "backward": StepReport, "contexts": contexts, "context_bytes": one context's
+    saved values, "planned_bytes": both arenas + the weights + ``contexts`` context blocks + constants,
+    "rss_growth": RSS after the last round minus after the first}. Each report's ``state`` names what its
+    program binds besides the arena: the weights it reads, and (backward) the context blocks alive at once.
+    """
+    planned = fb.planned(inputs)
+    weights = sum(w.nbytes for w in fb.weights.values())
+    reports = {"forward": _step_report("forward", fb.graph.name, planned.forward, None, (),
+                                       state={"weights": weights}),
+               "backward": _step_report("backward", fb.graph.name, None, None, (), plan=planned.backward,
+                                        state={"contexts": contexts * planned.context_bytes})}
+    memory, times, rss = _Memory(), {"forward": [], "backward": []}, []
+    outs = None
+    for r in range(steps + 1):
+        pending = []
+        for _ in range(contexts):
+            t0 = time.perf_counter()
+            outs, ctx = fb.forward(inputs)
+            times["forward"].append(time.perf_counter() - t0)
+            pending.append(ctx)
+        for ctx in pending:
+            t0 = time.perf_counter()
+            fb.backward(ctx, [np.ones_like(o) if o.dtype.kind == "f" else None for o in outs])
+            times["backward"].append(time.perf_counter() - t0)
+        if r:
+            rss.append(memory.sample()[0])
+    feeds = fb.planned_feeds(inputs)
+    ctx_outs, ctx = fb.forward(inputs)
+    grads = [np.ones_like(o) for o, n in zip(ctx_outs, fb.output_names) if n in fb.seeded_outputs]
+    for kind, prog, fed in (("forward", planned.forward, feeds), ("backward", ctx.program, grads)):
+        report = reports[kind]
+        report.kernel_times, report.by_op = _time_kernels(prog, fed, max(1, min(steps, 20)))
+        report.kernel_ms = sum(k.ms for k in report.kernel_times)
+        report.step_ms = float(np.median(times[kind][contexts:])) * 1e3
+        report.rss_peak = max(rss)
+    ctx.release()
+    consts = sum(r.constants_bytes for r in reports.values())
+    return {**reports, "contexts": contexts, "context_bytes": planned.context_bytes,
+            "planned_bytes": planned.forward.plan.arena_bytes + planned.backward.arena_bytes + weights
+            + contexts * planned.context_bytes + consts, "rss_growth": rss[-1] - rss[0]}
+
+
+__all__ = ["KernelTime", "Profile", "StepReport", "format_table", "profile_artifacts", "profile_forward_backward"]

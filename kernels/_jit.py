@@ -42,6 +42,11 @@ def register(dispatcher):
     return dispatcher
 
 
+def dispatchers() -> list:
+    """Every jitted function edgetrain has registered (the minimal build records what ran)."""
+    return list(_DISPATCHERS)
+
+
 def compile_stats() -> dict[str, int]:
     """Signatures compiled in this process (``misses``) and loaded from the disk cache (``hits``)."""
     hits = misses = 0

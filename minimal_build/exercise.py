@@ -63,12 +63,12 @@ def exercise(folder, batch: int) -> set[tuple[str, str]]:
     optimizer = Optimizer(files["optimizer_model"], module)
     rng = np.random.default_rng(0)
     try:
-        for io in ([module._train, module._eval] if "eval_model" in files else [module._train]):
-            inputs = {v.name: v for v in io.graph.inputs}
-            feeds = [synthetic(inputs[n], batch, rng) for n in io.user_inputs]
-            module.train(io is module._train)
+        for training in ((True, False) if "eval_model" in files else (True,)):
+            module.train(training)
+            inputs = {v.name: v for v in module.graph().inputs}
+            feeds = [synthetic(inputs[n], batch, rng) for n in module.input_names()]
             module(*feeds)
-            if io is module._train:
+            if training:
                 optimizer.step()
                 module.lazy_reset_grad()
                 module(*feeds)

@@ -61,7 +61,7 @@ def collect_kernels() -> list[KernelUse]:
     from ..kernels import _jit
 
     uses: dict[str, KernelUse] = {}
-    for d in _jit._DISPATCHERS:
+    for d in _jit.dispatchers():
         if not d.overloads or d.targetoptions.get("inline") == "always":
             continue   # never ran, or inlined into its callers (never called from Python)
         f = d.py_func

@@ -182,7 +182,7 @@ def _train(folder, suffix, name, steps=3):
     state = CheckpointState.load_checkpoint(folder / "checkpoint")
     module = Module(folder / f"training_model{suffix}", state, folder / f"eval_model{suffix}")
     opt = Optimizer(folder / f"optimizer_model{suffix}", module)
-    x, y = _feeds(module._train.graph, name)
+    x, y = _feeds(module.graph(), name)
     losses = []
     for _ in range(steps):
         losses.append(float(module(x, y)))

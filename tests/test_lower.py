@@ -53,3 +53,30 @@ def test_transposes_read_only_by_gemms_fold_into_their_flags(name, nodes, feeds,
     ours = run_edgetrain(m, feeds)
     for got, want, out in zip(ours, run_onnxruntime(m, feeds), outputs):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=out)
+
+
+def _steps(m, feeds):
+    graph = to_graph(m)
+    plan = make_plan(graph, bind_feeds(graph.inputs, feeds, "test"), [o.name for o in graph.outputs])
+    return [step.label for step in plan.steps]
+
+
+@pytest.mark.arm64
+@pytest.mark.parametrize("shape", [(2, 3, 5, 4), (4, 3), (2, 3, 7)])
+def test_inference_batch_norm_fuses_with_its_activation(shape):
+    """Conv's bias, inference BatchNormalization and ReLU6 become one pass; statistics far from 0 and 1 (a
+    large mean, a small variance) and a negative scale keep each term of (X - mean) * a + B honest."""
+    c = shape[1]
+    feeds = {"X": RNG.standard_normal(shape).astype(np.float32) * 0.1 + 3.0,
+             "scale": np.array([1.5, -0.5, 2.0], np.float32), "B": np.array([0.2, 6.5, -0.1], np.float32),
+             "mean": np.full(c, 3.0, np.float32) + RNG.standard_normal(c).astype(np.float32) * 0.05,
+             "var": np.array([0.01, 0.02, 0.005], np.float32)}
+    lo, hi = np.array(0.0, np.float32), np.array(6.0, np.float32)
+    nodes = [helper.make_node("Add", ["X", "X"], ["X2"]),
+             helper.make_node("BatchNormalization", ["X2", "scale", "B", "mean", "var"], ["Y"], epsilon=1e-3),
+             helper.make_node("Clip", ["Y", "lo", "hi"], ["Z"])]
+    m = model(nodes, feeds, ["Z"], initializers={"lo": lo, "hi": hi})
+    steps = _steps(m, feeds)
+    assert not any("BatchNormalization" in s for s in steps), steps
+    assert any(s.startswith("fused:") and s.endswith("Sub+Mul+Add+Clip") for s in steps), steps
+    np.testing.assert_allclose(run_edgetrain(m, feeds)[0], run_onnxruntime(m, feeds)[0], rtol=1e-5, atol=1e-5)

@@ -48,7 +48,7 @@ import numpy as np
 from edgetrain.trainer import open_artifacts
 state, module, optimizer = open_artifacts(sys.argv[1])
 rng = np.random.default_rng(0)
-inputs = {v.name: v for v in module._train.graph.inputs}
+inputs = {v.name: v for v in module.graph().inputs}
 feeds = []
 for name in module.input_names():
     t = inputs[name].type

@@ -220,4 +220,4 @@ def test_linear_block_and_sequence_construct_build():
     assert gemm.op_type == "Gemm" and [d for d in model.graph.output[0].type.tensor_type.shape.dim][1].dim_value == 2
     with onnxblock.base(linear_model()) as b:
         seq = onnxblock.blocks.SequenceConstruct()("output", "x")
-        assert b.graph.nodes[-1].op_type == "SequenceConstruct" and seq == b.graph.nodes[-1].outputs[0]
+        assert b.model.graph.node[-1].op_type == "SequenceConstruct" and seq == b.model.graph.node[-1].output[0]

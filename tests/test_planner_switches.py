@@ -66,7 +66,7 @@ def test_bench_training_steps_give_torchs_gradients_with_every_pass_on_or_off(sh
     d = shared / "ort_artifacts" / name
     state = CheckpointState.load_checkpoint(d / "checkpoint")
     module = Module(d / "training_model.onnx", state)
-    graph = module._train.graph
+    graph = module.graph()
     x_value = next(v for v in graph.inputs if v.name == module.input_names()[0])
     rng = np.random.default_rng(4)
     shape = [s if isinstance(s, int) else 8 for s in x_value.type.shape]

@@ -155,8 +155,8 @@ def test_synthetic_labels_index_the_classes(shared):
     from edgetrain.profiling import _feeds
     folder = shared / "ort_artifacts" / "transformer"
     module = Module(folder / "training_model.onnx", CheckpointState.load_checkpoint(folder / "checkpoint"))
-    inputs, _ = _feeds(module, module._train, None, np.random.default_rng(0), {}, {}, "training model")
-    feeds = dict(zip(module._train.user_inputs, inputs))
+    inputs, _ = _feeds(module, True, None, np.random.default_rng(0), {}, {}, "training model")
+    feeds = dict(zip(module.input_names(), inputs))
     # tokens index Embedding(100, 64); labels the 4 classes of the head (ANCHORS.md)
     assert feeds["input"].max() < 100 and feeds["input"].max() > 4 and feeds["labels"].max() < 4
     assert len(np.unique(feeds["labels"])) > 1

@@ -14,9 +14,11 @@
 #                      default: ${XDG_CACHE_HOME:-$HOME/.cache}/edgetrain-arm64
 #   ARM64_CONSTRAINTS  a pip constraints file (e.g. the native venv's `pip freeze`) so both stages
 #                      test the same versions; default: the newest aarch64 wheels pyproject.toml allows
-#   ARM64_EXCLUDE      requirements left out (default "torch matplotlib onnxscript": PyPI's aarch64 torch is a
-#                      430 MB CUDA build; matplotlib serves only `edgetrain train`'s curves and onnxscript only
-#                      torch's dynamo exporter, both tested natively);
+#   ARM64_EXCLUDE      requirements left out (default "torch matplotlib onnxscript flwr scikit-learn": PyPI's
+#                      aarch64 torch is a 430 MB CUDA build; matplotlib serves only `edgetrain train`'s curves,
+#                      onnxscript only torch's dynamo exporter, flwr only the federated tests (processes:
+#                      native) and scikit-learn only the estimators' oracle (with scipy: ~100 MB), all tested
+#                      natively);
 #                      each becomes a placeholder module, so tests that use it as an oracle skip, saying why
 #   ARM64_SOURCES      an apt sources file to use instead of the host's (needed on a non-bookworm host)
 #   ARM64_DEBS         extra arm64 Debian packages to unpack into the root
@@ -29,7 +31,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 ENV_DIR=${1:-$REPO/.arm64}
 CACHE=${ARM64_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgetrain-arm64}
 HOST_PYTHON=${HOST_PYTHON:-python3}
-EXCLUDE=${ARM64_EXCLUDE-torch matplotlib onnxscript}
+EXCLUDE=${ARM64_EXCLUDE-torch matplotlib onnxscript flwr scikit-learn}
 DEBS="python3.11 libstdc++6 libgcc-s1 libgomp1 ${ARM64_DEBS:-}"
 PYVER=3.11
 

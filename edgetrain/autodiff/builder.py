@@ -163,31 +163,80 @@ def params_with_gradient(graph: Graph, candidates: list[str]) -> list[str]:
     return [p for p in candidates if grads.get(p)]
 
 
-def _backward(graph: Graph, loss: str, wrt: list[str], strict: bool = True,
-              probe_wrt=None) -> tuple[_Walk, dict[str, list[str]]]:
-    """Walk ``graph`` backwards from ``loss``: (the walk with its emitted nodes, gradient parts per value).
-    ``strict``: a node on the way without a gradient rule is an error (else its inputs get no gradient);
-    ``probe_wrt``: the initializers planned as inputs when typing the graph (default ``wrt``)."""
-    probe_wrt = wrt if probe_wrt is None else probe_wrt
-    typing = solve(graph, probe_wrt)
-    types = typing.concrete.types
-    # values that depend on a parameter (forward reachability) and lead to the loss (backward reachability)
+def output_gradient_graph(graph: Graph, outputs: list[str], wrt: list[str]) -> tuple[Graph, list[str]]:
+    """The backward half of ``graph`` (in its training form, ``prepare_for_training``) as a graph of its own:
+    it takes ``<o>_grad_output`` for each of ``outputs`` that depends on ``wrt`` (the cotangents a caller
+    supplies) and the forward values its gradient rules read, and returns ``<w>_grad`` for each of ``wrt``
+    (initializers or graph inputs): the vector-Jacobian product sum_o <dL/do, do/dw>.
+
+    Returns (backward graph, saved): ``saved`` lists the forward values the backward graph takes as inputs
+    after the seeds (activations, graph inputs, ``wrt`` initializers), in forward order; forward constants it
+    reads become its own initializers. Each gradient rule comes from the op table, as in ``gradient_graph``.
+    """
+    depends = _depends(graph, wrt)
+    seeds = {o: f"{o}_grad_output" for o in outputs if o in depends}
+    if not seeds:
+        raise UnsupportedOpError(f"no output of {list(outputs)} depends on {sorted(wrt)}: nothing to "
+                                 "differentiate")
+    walk, grads = _backward(graph, None, wrt, seeds=seeds)
+    result = {}
+    for w in wrt:
+        parts = grads.get(w)
+        if not parts:
+            raise UnsupportedOpError(f"'{w}' does not reach any of the outputs {list(outputs)}: it gets no "
+                                     "gradient")
+        result[w] = _total(walk, parts, w)
+        if result[w] != f"{w}_grad":
+            walk.emit(Node("Identity", [result[w]], [f"{w}_grad"], {}, f"{w}_grad/Identity"))
+    made = set(seeds.values()) | set(walk.initializers) | {o for n in walk.nodes for o in n.outputs if o}
+    read = {i for n in walk.nodes for i in n.inputs if i and i not in made}
+    constants = {k: v for k, v in graph.initializers.items() if k in read and k not in set(wrt)}
+    order = [v.name for v in graph.inputs] + [w for w in wrt if w in graph.initializers]
+    order += [o for n in graph.nodes for o in n.outputs if o]
+    saved = [v for v in dict.fromkeys(order) if v in read and v not in constants]
+    types = _probe_types(graph, [w for w in wrt if w in graph.initializers])
+    inputs = [Value(s, None) for s in seeds.values()] + [Value(v, None) for v in saved]
+    backward = Graph(walk.nodes, inputs, [Value(f"{w}_grad", types.get(w)) for w in wrt],
+                     constants | walk.initializers, {MS: graph.opsets.get(MS, 1)} | graph.opsets, {},
+                     f"{graph.name}_backward")
+    return backward.verify(), saved
+
+
+def _depends(graph: Graph, wrt) -> set[str]:
+    """Values that depend on one of ``wrt`` (forward reachability)."""
     depends = set(wrt)
     for n in graph.nodes:
         if any(i in depends for i in n.inputs if i):
             depends.update(o for o in n.outputs if o)
-    if loss not in depends:
-        raise UnsupportedOpError(f"loss '{loss}' does not depend on any of the parameters {sorted(wrt)}")
+    return depends
+
+
+def _backward(graph: Graph, loss: str | None, wrt: list[str], strict: bool = True,
+              probe_wrt=None, seeds: dict[str, str] | None = None) -> tuple[_Walk, dict[str, list[str]]]:
+    """Walk ``graph`` backwards from ``loss``: (the walk with its emitted nodes, gradient parts per value).
+    ``strict``: a node on the way without a gradient rule is an error (else its inputs get no gradient);
+    ``probe_wrt``: the initializers planned as inputs when typing the graph (default ``wrt``);
+    ``seeds``: instead of a loss, {output: name of the given gradient of that output}."""
+    probe_wrt = [w for w in (wrt if probe_wrt is None else probe_wrt) if w in graph.initializers]
+    typing = solve(graph, probe_wrt)
+    types = typing.concrete.types
+    # values that depend on a parameter (forward reachability) and lead to the loss (backward reachability)
+    depends = _depends(graph, wrt)
     walk = _Walk(graph, typing.shape_free_constants())
-    seed = f"{loss}_grad"
-    loss_type = types[loss]
-    if loss_type.size == 1:     # a scalar (or [1]) loss: a constant seed, as onnxruntime writes it
-        walk.initializers[seed] = np.ones(loss_type.shape, loss_type.dtype)
-    else:                       # ones shaped like the loss at run time (its dims may be symbolic)
-        walk.emit(Node("Shape", [loss], [f"{loss}_shape"], {}, f"{loss}_grad/Shape"))
-        walk.emit(Node("ConstantOfShape", [f"{loss}_shape"], [seed], {"value": np.ones(1, loss_type.dtype)},
-                       f"{loss}_grad/ConstantOfShape"))
-    grads: dict[str, list[str]] = {loss: [seed]}
+    if seeds is not None:
+        grads: dict[str, list[str]] = {o: [s] for o, s in seeds.items()}
+    else:
+        if loss not in depends:
+            raise UnsupportedOpError(f"loss '{loss}' does not depend on any of the parameters {sorted(wrt)}")
+        seed = f"{loss}_grad"
+        loss_type = types[loss]
+        if loss_type.size == 1:     # a scalar (or [1]) loss: a constant seed, as onnxruntime writes it
+            walk.initializers[seed] = np.ones(loss_type.shape, loss_type.dtype)
+        else:                       # ones shaped like the loss at run time (its dims may be symbolic)
+            walk.emit(Node("Shape", [loss], [f"{loss}_shape"], {}, f"{loss}_grad/Shape"))
+            walk.emit(Node("ConstantOfShape", [f"{loss}_shape"], [seed], {"value": np.ones(1, loss_type.dtype)},
+                           f"{loss}_grad/ConstantOfShape"))
+        grads = {loss: [seed]}
     for node in reversed(graph.nodes):
         dys = [_total(walk, grads.pop(o, None), o) if o else None for o in node.outputs]
         if all(d is None for d in dys):

@@ -21,13 +21,17 @@ RESET = "lazy_reset_grad"
 
 
 def _params(graph: Graph, requires_grad: list[str], frozen: list[str]) -> list[str]:
-    """Trainable and frozen parameters in the order of the graph's initializers (ORT's order)."""
+    """Trainable and frozen parameters in the order of the graph's initializers (ORT's order). Graph inputs
+    that require a gradient are not parameters. With nothing named at all, ORT 1.19 moves every initializer
+    to the graph inputs (outside the checkpoint, so the caller must feed them); edgetrain keeps them constants,
+    which ops that need a constant (a Dropout ratio, a Reshape's shape) require."""
     overlap = set(requires_grad) & set(frozen)
     if overlap:
         raise EdgetrainError(f"parameters {sorted(overlap)} are listed as both requiring grad and frozen")
-    missing = [p for p in list(requires_grad) + list(frozen) if p not in graph.initializers]
+    inputs = {v.name for v in graph.inputs}
+    missing = [p for p in list(requires_grad) + list(frozen) if p not in graph.initializers and p not in inputs]
     if missing:
-        raise EdgetrainError(f"{missing} are not initializers of graph '{graph.name}'; initializers: "
+        raise EdgetrainError(f"{missing} are not initializers or inputs of graph '{graph.name}'; initializers: "
                              f"{sorted(graph.initializers)[:20]}")
     wanted = set(requires_grad) | set(frozen)
     return [name for name in graph.initializers if name in wanted]
@@ -49,23 +53,30 @@ def _outputs(graph: Graph, names: list[str]) -> list[Value]:
 def training_graph(graph: Graph, loss: str, requires_grad: list[str], frozen: list[str] = (),
                    additional_outputs: list[str] = ()) -> Graph:
     params = _params(graph, requires_grad, frozen)
-    trainable = [p for p in params if p in set(requires_grad)]
-    prepared = prepare_for_training(graph)
-    backward, grad_inits, grads = gradient_graph(prepared, loss, trainable)
+    wanted = set(requires_grad)
+    # gradients in ORT's order: graph inputs that require one, then trainable parameters
+    trainable = [v.name for v in graph.inputs if v.name in wanted] + [p for p in params if p in wanted]
+    types = {v.name: v.type for v in graph.inputs} | {p: _value(graph, p).type for p in params}
     flag = TensorType(np.bool_, (1,))
+    if trainable:
+        prepared = prepare_for_training(graph)
+        backward, grad_inits, grads = gradient_graph(prepared, loss, trainable)
+    else:     # nothing to differentiate: the forward graph as it is (ORT builds no gradient either)
+        prepared, backward, grad_inits, grads = graph, [], {}, {}
     accumulate, buffers, flags = [], [], []
     for k, p in enumerate(trainable, start=1):
         buffer = f"{p}_grad.accumulation.buffer"
         out = f"{p}_grad.accumulation.out"
         accumulate.append(Node("InPlaceAccumulatorV2", [buffer, grads[p], RESET], [out], {},
                                f"GradientAccumulator{k}", MS))
-        buffers.append(Value(buffer, _value(graph, p).type))
+        buffers.append(Value(buffer, types[p]))
         flags.append(Value(out, flag))
     inputs = list(graph.inputs) + [_value(graph, p) for p in params] + buffers + [Value(RESET, flag)]
     outputs = _outputs(graph, [loss] + list(additional_outputs)) + flags
     constants = {k: v for k, v in graph.initializers.items() if k not in set(params)} | grad_inits
-    return _typed(Graph(prepared.nodes + backward + accumulate, inputs, outputs, constants,
-                        {MS: 1} | prepared.opsets, {}, graph.name).verify())
+    opsets = ({MS: 1} if trainable else {}) | prepared.opsets
+    return _typed(Graph(prepared.nodes + backward + accumulate, inputs, outputs, constants, opsets, {},
+                        graph.name).verify())
 
 
 def eval_graph(graph: Graph, loss: str, requires_grad: list[str], frozen: list[str] = (),

@@ -9,7 +9,7 @@ import importlib
 import os
 import sys
 
-COMMANDS = ("artifacts", "demo", "eval", "export", "ops", "plan", "profile", "reduce", "train")
+COMMANDS = ("artifacts", "demo", "eval", "export", "federated", "ops", "plan", "profile", "reduce", "train")
 
 
 class DefaultsHelp(argparse.HelpFormatter):

@@ -32,14 +32,14 @@ def memory_report(module, optimizer) -> list[str]:
 
     import psutil
 
-    store = module._store
+    store = module.state_store
     lines = []
-    for (io_id, _), prog in module._programs.items():
-        kind = "train" if io_id == id(module._train) else "eval"
+    # a training step's two programs (one per gradient slot) share one plan: one line for both
+    for kind, prog in {id(p.plan): (k, p) for k, p in module.programs()}.values():
         shapes = ", ".join(f"{n}{list(prog.plan.spec.types[n].shape)}" for n in prog.plan.fed_inputs)
         lines.append(f"  {kind:9s} step: arena {_mb(prog.plan.arena_bytes)} (naive {_mb(prog.plan.naive_bytes)}) "
                      f"for {shapes}")
-    lines.append(f"  optimizer step: arena {_mb(optimizer._program.plan.arena_bytes)}")
+    lines.append(f"  optimizer step: arena {_mb(optimizer.program.plan.arena_bytes)}")
     moments = sum(m.nbytes for m in store.moments)
     lines.append(f"  state: parameters {_mb(store.params.nbytes)}, gradients {_mb(store.grads.nbytes)} x 2 slots, "
                  f"optimizer moments {_mb(moments)}, frozen {_mb(sum(a.nbytes for a in store.frozen.values()))}")

@@ -38,7 +38,7 @@ def forward_outputs(graph, user_inputs: list[str]) -> list[str]:
 def run(args) -> int:
     from pathlib import Path
 
-    from ..errors import InputError
+    from ..errors import EdgetrainError, InputError
     from ..trainer import open_artifacts
     from .eval import trained_checkpoint
 
@@ -47,9 +47,11 @@ def run(args) -> int:
         raise InputError(f"cannot write '{args.output}': folder '{folder}' does not exist")
     checkpoint = args.checkpoint or trained_checkpoint(args.artifacts)
     _, module, _ = open_artifacts(args.artifacts, checkpoint, optimizer=False)
-    if module._eval is None:
-        raise InputError(f"artifact folder '{args.artifacts}' has no eval model to export from")
-    outputs = args.outputs or forward_outputs(module._eval.graph, module._eval.user_inputs)
+    try:
+        eval_graph = module.eval().graph()
+    except EdgetrainError:
+        raise InputError(f"artifact folder '{args.artifacts}' has no eval model to export from") from None
+    outputs = args.outputs or forward_outputs(eval_graph, module.input_names())
     if not outputs:
         raise InputError("cannot tell the model's outputs from its loss: name them with --outputs")
     module.export_model_for_inferencing(args.output, outputs)

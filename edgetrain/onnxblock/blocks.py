@@ -1,25 +1,32 @@
-"""Building blocks with onnxruntime.training.onnxblock.blocks' names and signatures."""
+"""Building blocks with onnxruntime.training.onnxblock.blocks' names and signatures (ORT 1.19's public set:
+Block, Add, Sub, Mul, Div, Pow, ReduceMean, ReduceSum, Sigmoid, Log, Neg, Abs, Constant, SequenceConstruct,
+ReduceAllL2, Clip, PassThrough, InputLike, LabelEncoder, Cast, Linear)."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import EdgetrainError
 from ..ir import TensorType
+from ._builder import add_initializer, add_input, add_node, generate_name, type_of
 from .onnxblock import Block
+
+__all__ = ["Abs", "Add", "Block", "Cast", "Clip", "Constant", "Div", "InputLike", "LabelEncoder", "Linear", "Log",
+           "Mul", "Neg", "PassThrough", "Pow", "ReduceAllL2", "ReduceMean", "ReduceSum", "SequenceConstruct",
+           "Sigmoid", "Sub"]
 
 
 class _Unary(Block):
     op: str = ""
 
     def build(self, input_name: str) -> str:
-        return self.base.add_node(self.op, [input_name], self.op.lower())
+        return add_node(self.base, self.op, [input_name], self.op.lower())
 
 
 class _Binary(Block):
     op: str = ""
 
     def build(self, input_name1: str, input_name2: str) -> str:
-        return self.base.add_node(self.op, [input_name1, input_name2], self.op.lower())
+        return add_node(self.base, self.op, [input_name1, input_name2], self.op.lower())
 
 
 class Add(_Binary):
@@ -60,8 +67,8 @@ class Pow(Block):
         self._exponent = exponent
 
     def build(self, input_name: str) -> str:
-        exponent = self.base.add_initializer("pow_exponent", [self._exponent])
-        return self.base.add_node("Pow", [input_name, exponent], "pow")
+        exponent = add_initializer(self.base, "pow_exponent", [self._exponent])
+        return add_node(self.base, "Pow", [input_name, exponent], "pow")
 
 
 class Constant(Block):
@@ -72,7 +79,7 @@ class Constant(Block):
         self._value = value_float
 
     def build(self) -> str:
-        return self.base.add_initializer("constant", [self._value])
+        return add_initializer(self.base, "constant", [self._value])
 
 
 class _Reduce(Block):
@@ -83,7 +90,7 @@ class _Reduce(Block):
         self._keepdims = keepdims
 
     def build(self, input_name: str) -> str:
-        return self.base.add_node(self.op, [input_name], self.op.lower(), {"keepdims": int(self._keepdims)})
+        return add_node(self.base, self.op, [input_name], self.op.lower(), {"keepdims": int(self._keepdims)})
 
 
 class ReduceMean(_Reduce):
@@ -100,9 +107,9 @@ class Clip(Block):
         self._min, self._max = clip_min, clip_max
 
     def build(self, input_name: str) -> str:
-        lo = self.base.add_initializer("clip_min", self._min) if self._min is not None else ""
-        hi = self.base.add_initializer("clip_max", self._max) if self._max is not None else ""
-        return self.base.add_node("Clip", [input_name, lo, hi], "clip")
+        lo = add_initializer(self.base, "clip_min", self._min) if self._min is not None else ""
+        hi = add_initializer(self.base, "clip_max", self._max) if self._max is not None else ""
+        return add_node(self.base, "Clip", [input_name, lo, hi], "clip")
 
 
 class Cast(Block):
@@ -111,38 +118,72 @@ class Cast(Block):
         self._to = int(to)
 
     def build(self, input_name: str) -> str:
-        return self.base.add_node("Cast", [input_name], "cast", {"to": self._to})
+        return add_node(self.base, "Cast", [input_name], "cast", {"to": self._to})
 
 
 class SequenceConstruct(Block):
     def build(self, *input_names: str) -> str:
-        return self.base.add_node("SequenceConstruct", list(input_names), "sequenceconstruct")
+        return add_node(self.base, "SequenceConstruct", list(input_names), "sequenceconstruct")
 
 
 class ReduceAllL2(Block):
     """com.microsoft ReduceAllL2: the L2 norm of all elements of all inputs."""
 
     def build(self, *input_names: str) -> str:
-        return self.base.add_node("ReduceAllL2", list(input_names), "reducealll2", domain="com.microsoft")
+        return add_node(self.base, "ReduceAllL2", list(input_names), "reducealll2", domain="com.microsoft")
 
 
 class PassThrough(Block):
-    """The input unchanged (the default loss: the model's first output is the loss)."""
+    """The inputs unchanged, as a tuple of names (the default loss: the model's outputs, the first is the
+    loss)."""
 
-    def build(self, input_name: str) -> str:
-        return input_name
+    def build(self, *input_names: str) -> tuple[str, ...]:
+        return input_names
 
 
 class InputLike(Block):
-    """A new graph input with the type of ``like`` (a target like the model's output)."""
+    """A new graph input declared like the graph input or output ``like`` (a target like the model's output);
+    for any other value, with its inferred type."""
 
     def __init__(self, like: str):
         super().__init__()
         self._like = like
 
-    def build(self, input_name: str) -> str:
-        t = self.base.type_of(self._like)
-        return self.base.add_input(input_name, TensorType(t.dtype, t.shape))
+    def build(self, input_name: str | None = None) -> str:
+        name = input_name or generate_name("input")
+        g = self.base.graph
+        declared = next((v for v in list(g.input) + list(g.output) if v.name == self._like
+                         and v.type.WhichOneof("value")), None)
+        if declared is None:
+            t = type_of(self.base, self._like)
+            return add_input(self.base, name, TensorType(t.dtype, t.shape))
+        if any(v.name == name for v in g.input):
+            raise EdgetrainError(f"graph input '{name}' exists already")
+        clone = type(declared)()
+        clone.CopyFrom(declared)
+        clone.name = name
+        g.input.append(clone)
+        return name
+
+
+class LabelEncoder(Block):
+    """ai.onnx.ml LabelEncoder (maps keys to values, e.g. raw labels to class indices). edgetrain builds it for
+    models that onnxruntime runs; it has no kernel or gradient of its own."""
+
+    def __init__(self, default_float: float = 0.0, default_int64: int = -1, default_string: str = "_Unused",
+                 keys_floats=None, keys_int64s=None, keys_strings=None, values_floats=None, values_int64s=None,
+                 values_strings=None):
+        super().__init__()
+        optional = {"keys_floats": keys_floats, "keys_int64s": keys_int64s, "keys_strings": keys_strings,
+                    "values_floats": values_floats, "values_int64s": values_int64s,
+                    "values_strings": values_strings}
+        self._attrs = {"default_float": float(default_float), "default_int64": int(default_int64),
+                       "default_string": default_string}
+        self._attrs |= {k: list(v) for k, v in optional.items() if v is not None}
+
+    def build(self, label_encoder_input_name: str) -> str:
+        return add_node(self.base, "LabelEncoder", [label_encoder_input_name], "label_encoder.output", self._attrs,
+                        domain="ai.onnx.ml")
 
 
 class Linear(Block):
@@ -158,9 +199,9 @@ class Linear(Block):
     def build(self, input_name: str) -> str:
         bound = 1.0 / np.sqrt(self._in)
         rng = np.random.default_rng()
-        w = self.base.add_initializer("linear_weight", rng.uniform(-bound, bound, (self._out, self._in)))
+        w = add_initializer(self.base, "linear_weight", rng.uniform(-bound, bound, (self._out, self._in)))
         inputs = [input_name, w]
         if self._bias:
-            inputs.append(self.base.add_initializer("linear_bias", rng.uniform(-bound, bound, self._out)))
-        return self.base.add_node("Gemm", inputs, "linear", {"transB": 1, "alpha": self._alpha,
+            inputs.append(add_initializer(self.base, "linear_bias", rng.uniform(-bound, bound, self._out)))
+        return add_node(self.base, "Gemm", inputs, "linear", {"transB": 1, "alpha": self._alpha,
                                                                "beta": self._beta})

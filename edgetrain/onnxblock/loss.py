@@ -6,6 +6,7 @@ import numpy as np
 from ..errors import EdgetrainError
 from ..ir import TensorType
 from . import blocks
+from ._builder import add_initializer, add_input, add_node, has_value, type_of
 from .onnxblock import Block
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -15,12 +16,19 @@ def _reduction_block(reduction: str) -> Block:
     if reduction not in REDUCTIONS:
         raise EdgetrainError(f"reduction '{reduction}' is not one of {', '.join(REDUCTIONS)}")
     return {"mean": lambda: blocks.ReduceMean(keepdims=False), "sum": lambda: blocks.ReduceSum(keepdims=False),
-            "none": blocks.PassThrough}[reduction]()
+            "none": _Identity}[reduction]()
+
+
+class _Identity(Block):
+    """reduction='none': the loss values themselves (one name, where ORT's PassThrough gives a 1-tuple)."""
+
+    def build(self, input_name: str) -> str:
+        return input_name
 
 
 def _target(block: Block, like: str, target_name: str) -> str:
     """The target graph input, created with the loss input's type when the model does not have it."""
-    if block.base.has_value(target_name):
+    if has_value(block.base, target_name):
         return target_name
     return blocks.InputLike(like)(target_name)
 
@@ -60,16 +68,16 @@ class CrossEntropyLoss(Block):
         self._reduction, self._ignore_index = reduction, ignore_index
 
     def build(self, scores_input_name: str, labels_name: str = "labels") -> str:
-        if not self.base.has_value(labels_name):
-            scores = self.base.type_of(scores_input_name).shape
-            self.base.add_input(labels_name, TensorType(np.int64, (scores[0],) + tuple(scores[2:])))
+        if not has_value(self.base, labels_name):
+            scores = type_of(self.base, scores_input_name).shape
+            add_input(self.base, labels_name, TensorType(np.int64, (scores[0],) + tuple(scores[2:])))
         inputs = [scores_input_name, labels_name]
         if self._weight is not None:
-            inputs.append(self.base.add_initializer("celoss_weight", self._weight))
+            inputs.append(add_initializer(self.base, "celoss_weight", self._weight))
         attrs = {"reduction": self._reduction}
         if self._ignore_index is not None:
             attrs["ignore_index"] = int(self._ignore_index)
-        loss, _ = self.base.add_node("SoftmaxCrossEntropyLoss", inputs, "", attrs, n_out=2,
+        loss, _ = add_node(self.base, "SoftmaxCrossEntropyLoss", inputs, "", attrs, n_out=2,
                                      outputs=[_name("loss"), _name("log_prob")])
         return loss
 
@@ -96,15 +104,15 @@ class BCEWithLogitsLoss(Block):
     def build(self, loss_input_name: str, target_name: str = "target") -> str:
         b, x = self.base, loss_input_name
         t = _target(self, x, target_name)
-        one = b.add_initializer("bce_one", 1.0)
-        softplus = b.add_node("Softplus", [b.add_node("Neg", [x], "neg")], "softplus")
-        loss = b.add_node("Mul", [b.add_node("Sub", [one, t], "sub"), x], "mul")
+        one = add_initializer(b, "bce_one", 1.0)
+        softplus = add_node(b, "Softplus", [add_node(b, "Neg", [x], "neg")], "softplus")
+        loss = add_node(b, "Mul", [add_node(b, "Sub", [one, t], "sub"), x], "mul")
         if self._pos_weight is not None:
-            scale = b.add_node("Add", [one, b.add_node("Mul", [b.add_initializer("bce_pos_weight_m1",
+            scale = add_node(b, "Add", [one, add_node(b, "Mul", [add_initializer(b, "bce_pos_weight_m1",
                                                                                    self._pos_weight - 1), t],
                                                          "mul")], "add")
-            softplus = b.add_node("Mul", [scale, softplus], "mul")
-        loss = b.add_node("Add", [loss, softplus], "add")
+            softplus = add_node(b, "Mul", [scale, softplus], "mul")
+        loss = add_node(b, "Add", [loss, softplus], "add")
         if self._weight is not None:
-            loss = b.add_node("Mul", [loss, b.add_initializer("bce_weight", self._weight)], "mul")
+            loss = add_node(b, "Mul", [loss, add_initializer(b, "bce_weight", self._weight)], "mul")
         return self._reduce(loss)

@@ -6,11 +6,15 @@ Each builds the optimizer model: inputs ``learning_rate`` float[1], ``step`` int
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ..errors import EdgetrainError
 from ..ir import SequenceType, TensorType
-from .onnxblock import ForwardBlock
+from ..onnx_io import value_info
+from ._builder import add_input, add_node, current
+from .onnxblock import ForwardBlock, typecheck
 
 MS = "com.microsoft"
 EDGETRAIN = "ai.edgetrain"
@@ -32,8 +36,11 @@ class ClipGradNorm(ForwardBlock):
         self._max_norm = float(max_norm)
 
     def build(self, gradients_name: str) -> str:
-        return self.base.add_node("InplaceClipGradNorm", [gradients_name], "clip_grad_norm",
-                                  {"max_norm": self._max_norm, "norm_type": "fro"}, MS)
+        out = add_node(self.base, "InplaceClipGradNorm", [gradients_name], "clip_grad_norm",
+                       {"max_norm": self._max_norm, "norm_type": "fro"}, MS)
+        # the clipped gradients are a sequence like the input (ORT records that as value_info too)
+        self.base.graph.value_info.append(value_info(out, SequenceType(np.float32)))
+        return out
 
 
 class _Optimizer(ForwardBlock):
@@ -45,25 +52,24 @@ class _Optimizer(ForwardBlock):
 
     def _inputs(self, parameters) -> list[str]:
         b, dtype = self.base, _dtype(parameters)
-        names = [b.add_input("learning_rate", TensorType(np.float32, (1,))),
-                 b.add_input("step", TensorType(np.int64, (1,))),
-                 b.add_input("params", SequenceType(dtype)), b.add_input("gradients", SequenceType(dtype)),
-                 b.add_input("first_order_moments", SequenceType(dtype))]
+        names = [add_input(b, "learning_rate", TensorType(np.float32, (1,))),
+                 add_input(b, "step", TensorType(np.int64, (1,))),
+                 add_input(b, "params", SequenceType(dtype)), add_input(b, "gradients", SequenceType(dtype)),
+                 add_input(b, "first_order_moments", SequenceType(dtype))]
         if self.moments == 2:
-            names.append(b.add_input("second_order_moments", SequenceType(dtype)))
+            names.append(add_input(b, "second_order_moments", SequenceType(dtype)))
         if self._clip_grad is not None:
-            self._clip_grad.base = b
-            names[3] = self._clip_grad.build(names[3])
+            names[3] = self._clip_grad(names[3])
         return names
 
     def __call__(self, parameters):
-        # the optimizer graph holds sequences, which the shape rules do not type: register outputs directly
-        from ..ir import Value
-        from ._builder import current
-        self.base = current()
+        # the optimizer graph holds sequences, which the shape rules do not type: its one output is the flag
+        self.base = current().model
         out = self.build(parameters)
-        self.base.graph.verify()
-        self.base.graph.outputs = [Value(out, TensorType(np.bool_, (1,)))]
+        typecheck(self.base, [out])
+        del self.base.graph.output[:]
+        self.base.graph.output.append(value_info(out, TensorType(np.bool_, (1,))))
+        self._model = copy.deepcopy(self.base)
         return out
 
 
@@ -79,7 +85,7 @@ class AdamW(_Optimizer):
                        "adam_mode": 1}
 
     def build(self, parameters) -> str:
-        return self.base.add_node("AdamWOptimizer", self._inputs(parameters), "adamw.updated_flag", self._attrs,
+        return add_node(self.base, "AdamWOptimizer", self._inputs(parameters), "adamw.updated_flag", self._attrs,
                                   MS, outputs=[_name("adamw.updated_flag")])
 
 
@@ -98,10 +104,10 @@ class SGD(_Optimizer):
     def build(self, parameters) -> str:
         names = self._inputs(parameters)
         if self._momentum == 0.0 and self._weight_decay == 0.0:
-            return self.base.add_node("SGDOptimizerV2", [names[0], names[2], names[3]], "update_completed",
+            return add_node(self.base, "SGDOptimizerV2", [names[0], names[2], names[3]], "update_completed",
                                       domain=MS, outputs=[_name("update_completed")])
         attrs = {"momentum": self._momentum, "nesterov": int(self._nesterov), "weight_decay": self._weight_decay}
-        return self.base.add_node("SGDOptimizer", [names[0], names[2], names[3], names[4]], "update_completed",
+        return add_node(self.base, "SGDOptimizer", [names[0], names[2], names[3], names[4]], "update_completed",
                                   attrs, EDGETRAIN, outputs=[_name("update_completed")])
 
 

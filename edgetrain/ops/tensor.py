@@ -707,8 +707,9 @@ def _resize_grad(ctx):
 
 
 def _dropout_eval_form(node, opset):
-    """Eval models run Dropout in inference mode: the training_mode input is cleared, as ORT does."""
-    inputs = list(node.inputs[:2])
+    """Eval models run Dropout in inference mode: the training_mode input is cleared (left empty, as ORT leaves
+    it: scripts check ``not node.input[2]``)."""
+    inputs = list(node.inputs[:2]) + ([""] if len(node.inputs) > 2 else [])
     return type(node)(node.op_type, inputs, list(node.outputs), dict(node.attrs), node.name, node.domain)
 
 

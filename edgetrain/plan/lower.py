@@ -2,6 +2,8 @@
 
 - ``Gemm(A, B, C)`` -> ``FusedMatMul(A, B)`` then ``Add(acc, beta * C)``
 - ``Conv(X, W, B)`` -> ``Conv(X, W)`` then ``Add(acc, B viewed as [M, 1, ...])``, ConvTranspose alike
+- ``BatchNormalization`` in inference mode -> its per-channel factor, then ``(X - mean) * a + B`` element-wise,
+  fused with what surrounds it (the convolution's bias, the activation)
 - ``Dropout`` in inference mode (or with ratio 0) -> a view of its input, with an all-true mask
 - ``Transpose`` of the last two dims read only by GEMMs (``MatMul``, ``FusedMatMul``) -> gone, each reader a
   ``FusedMatMul`` with its transA/transB flag flipped: BLAS reads the operand transposed in place instead of
@@ -20,6 +22,7 @@ import numpy as np
 from ..ir import Node, TensorType
 from ..ir.dtypes import FLOATS
 from ..ops import OP_TABLE, NodeContext
+from ..ops.normalization import bn_training_mode
 from .fusion import MAX_FUSED_INPUTS
 from .specialize import Bound, Specialized, fold
 
@@ -79,6 +82,41 @@ def _conv(e: _Emitter, b: Bound) -> bool:
     shape = e.const(f"{y}/bias_shape", np.array(bias_shape, np.int64))
     e.emit(node, "Reshape", [node.inputs[2], shape], [f"{y}/bias"], [TensorType(ctx.type(2).dtype, bias_shape)])
     e.emit(node, "Add", [f"{y}/acc", f"{y}/bias"], [y], [out], opset=14)
+    return True
+
+
+def _channel_view(e: _Emitter, b: Bound, name: str, tag: str) -> str:
+    """``name`` ([C]) viewed as [C, 1, ...] so it broadcasts over X's [N, C, ...]."""
+    rank, c = len(b.ctx.type(0).shape), b.ctx.type(0).shape[1]
+    if rank == 2:
+        return name
+    view = (c,) + (1,) * (rank - 2)
+    y = b.node.outputs[0]
+    shape = e.const(f"{y}/{tag}_shape", np.array(view, np.int64))
+    e.emit(b.node, "Reshape", [name, shape], [f"{y}/{tag}_view"], [TensorType(e.spec.types[name].dtype, view)])
+    return f"{y}/{tag}_view"
+
+
+def _batch_norm_inference(e: _Emitter, b: Bound) -> bool:
+    """Inference BatchNormalization -> per-channel ``a = scale / sqrt(var + eps)`` (C elements), then
+    ``Y = (X - mean) * a + B`` as element-wise ops, which the fuser merges with the convolution's bias before
+    and the activation (Relu, Clip as ReLU6, ...) after: one pass over the activations instead of three."""
+    ctx, node = b.ctx, b.node
+    dtype = ctx.type(0).dtype
+    if (bn_training_mode(ctx) or any(node.outputs[1:]) or dtype not in FLOATS
+            or any(ctx.type(i).dtype != dtype for i in range(1, 5))):
+        return False
+    y = node.outputs[0]
+    stat = TensorType(dtype, (ctx.type(0).shape[1],))
+    eps = e.const(f"{y}/epsilon", np.array(ctx.attr("epsilon"), dtype))
+    e.emit(node, "Add", [node.inputs[4], eps], [f"{y}/var_eps"], [stat], opset=14)
+    e.emit(node, "Sqrt", [f"{y}/var_eps"], [f"{y}/std"], [stat], opset=13)
+    e.emit(node, "Div", [node.inputs[1], f"{y}/std"], [f"{y}/a"], [stat], opset=14)
+    mean, a, bias = (_channel_view(e, b, name, tag) for name, tag in
+                     ((node.inputs[3], "mean"), (f"{y}/a", "a"), (node.inputs[2], "B")))
+    e.emit(node, "Sub", [node.inputs[0], mean], [f"{y}/centered"], [ctx.out(0)], opset=14)
+    e.emit(node, "Mul", [f"{y}/centered", a], [f"{y}/scaled"], [ctx.out(0)], opset=14)
+    e.emit(node, "Add", [f"{y}/scaled", bias], [y], [ctx.out(0)], opset=14)
     return True
 
 
@@ -161,6 +199,7 @@ def _gemm_reading(e: _Emitter, b: Bound, folded: dict[str, str]) -> None:
 
 
 RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "ConvTranspose"): _conv, ("", "Dropout"): _dropout,
+         ("", "BatchNormalization"): _batch_norm_inference,
          ("", "Sum"): _variadic, ("", "Mean"): _variadic, ("", "Max"): _variadic, ("", "Min"): _variadic}
 
 

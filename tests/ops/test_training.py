@@ -279,7 +279,7 @@ def test_adamw_non_default_arguments_are_the_hugging_face_formula(bias_correctio
     proto = numpy_helper.from_array(np.zeros(n, np.float32), "w")
     with onnxblock.empty_base() as builder:
         onnxblock.optim.AdamW(bias_correction=bias_correction, betas=betas, eps=eps, weight_decay=wd)(([proto], []))
-        graph = builder.graph
+        graph = to_graph(builder.model)
     rng = np.random.default_rng(21)
     p = rng.standard_normal(n).astype(np.float32)
     state = {"params": p, "gradients": np.zeros(n, np.float32), "first_order_moments": np.zeros(n, np.float32),
@@ -368,7 +368,7 @@ def test_sgd_built_by_onnxblock_is_torch_sgd(momentum, nesterov, wd):
     protos = [numpy_helper.from_array(t, f"p{k}") for k, t in enumerate(tensors)]
     with onnxblock.empty_base() as builder:
         onnxblock.optim.SGD(momentum=momentum, nesterov=nesterov, weight_decay=wd)((protos, []))
-        graph = builder.graph
+        graph = to_graph(builder.model)
     params = [torch.tensor(t, requires_grad=True) for t in tensors]
     opt = torch.optim.SGD(params, lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
     n = sum(t.size for t in tensors)
@@ -444,7 +444,7 @@ def test_clip_then_adamw_as_onnxblock_builds_it():
     block = onnxblock.optim.AdamW(weight_decay=0.01, clip_grad=onnxblock.optim.ClipGradNorm(0.25))
     with onnxblock.empty_base() as builder:
         block(([proto], []))
-        graph = builder.graph
+        graph = to_graph(builder.model)
     assert [nd.op_type for nd in graph.nodes] == ["InplaceClipGradNorm", "AdamWOptimizer"]
     state = {"params": rng.standard_normal(n).astype(np.float32),
              "gradients": rng.standard_normal(n).astype(np.float32),

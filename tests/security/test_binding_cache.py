@@ -73,6 +73,6 @@ def test_an_object_seen_before_with_another_shape_is_validated_again(module, bat
 
 def test_the_inputs_that_are_not_arrays_are_refused(module, batch):
     x, y = batch
-    with pytest.raises(InputError, match="input .input. must be a numpy array.*got list"):
+    with pytest.raises(InputError, match="input .input. must be a numpy array or an OrtValue, got list"):
         module(x.tolist(), y)
     assert len(module._bound) == 0
