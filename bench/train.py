@@ -1,6 +1,7 @@
 """Training side by side: edgetrain, ONNX Runtime 1.19.2 (training) and PyTorch, 1 thread, same batch and weights.
 
     python bench/train.py [--models mlp cnn ...] [--rounds 5] [--steps 200] [--warmup 20] [--quick]
+    python bench/train.py --workloads [gpt resnet18 ...] [--threads 1 2] [--tiny] ...
 
 Sets up (or reuses) ORT 1.19.2's venv (tests/ort119.py), then for each bench model makes edgetrain's artifacts
 with the call the tests use (CrossEntropy, AdamW, labels ``labels``) and measures, each in a fresh process
@@ -15,6 +16,12 @@ with the call the tests use (CrossEntropy, AdamW, labels ``labels``) and measure
 ms per step (median, p10/p90 within a process, range across processes), peak RSS, start (process start ->
 first step done; edgetrain also with an empty kernel cache: "cold") and the first and last loss. Prints the
 tables and writes bench/RESULTS.md (``--quick``: a short smoke run that writes only to ``--out`` if given).
+
+``--workloads`` measures bench/workloads.py's realistic jobs instead (built and exported here, each with
+ORT 1.19.2's ``generate_artifacts`` run in its venv for ``ort``): systems edgetrain, ort and torch, and with
+``--threads 1 2`` also ``edgetrain x2`` and ``ort x2`` (ratios of an N-thread row are to ``ort`` at N threads).
+A workload edgetrain or ORT cannot make artifacts for is reported as ``refused: <reason>``. Their table goes
+to its own section of bench/RESULTS.md, which a run over the bench models keeps (and the other way round).
 """
 from __future__ import annotations
 
@@ -36,11 +43,14 @@ from pathlib import Path
 
 import numpy as np
 
+import workloads      # bench/workloads.py (this script's folder is on sys.path)
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SHARED = Path(os.environ.get("EDGETRAIN_SHARED", REPO.parent / "shared"))
 WORKER = HERE / "train_worker.py"
 MODELS = ["mlp", "cnn", "digits", "transformer", "mobilenet"]
+WORKLOADS = workloads.NAMES
 # ANCHORS.md: batch per model; fixed_batch draws x then y from np.random.default_rng(0)
 BATCH = {"mlp": (64, 784), "cnn": (32, 1, 28, 28), "digits": (32, 64), "transformer": (8, 32),
          "mobilenet": (16, 3, 32, 32)}
@@ -54,12 +64,31 @@ class System:
     name: str
     runtime: str        # edgetrain | ort | torch
     artifacts: str      # edgetrain | ort | weights
+    threads: int = 1
 
 
 SYSTEMS = [System("edgetrain", "edgetrain", "edgetrain"), System("edgetrain@ort", "edgetrain", "ort"),
            System("ort", "ort", "ort"), System("ort@edgetrain", "ort", "edgetrain"),
            System("torch", "torch", "weights")]
 BASELINE = "ort"
+WORKLOAD_SYSTEMS = [System("edgetrain", "edgetrain", "edgetrain"), System("ort", "ort", "ort"),
+                    System("torch", "torch", "weights")]
+SECTION = ("<!-- workloads: bench/train.py --workloads writes from here -->",
+           "<!-- end of workloads -->")
+
+
+def with_threads(systems: list[System], counts: list[int]) -> list[System]:
+    """The 1-thread systems, then edgetrain and ORT again at each other thread count (torch stays at 1)."""
+    out = list(systems) if 1 in counts else [s for s in systems if s.runtime == "torch"]
+    for n in (c for c in counts if c != 1):
+        out += [System(f"{s.name} x{n}", s.runtime, s.artifacts, n) for s in systems if s.runtime != "torch"]
+    return out
+
+
+def baseline_of(name: str) -> str:
+    """The row an N-thread row's ratios are to: ORT on its own artifacts at the same thread count."""
+    suffix = name.partition(" ")[2]
+    return f"{BASELINE} {suffix}" if suffix else BASELINE
 
 
 def load_ort119():
@@ -106,18 +135,81 @@ def prepare(model: str, work: Path) -> dict:
             "generate_s": generate_s, "weights_diff": weights_diff, "caches": folder}
 
 
-def worker_env() -> dict:
+def worker_env(threads: int = 1) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", EDGETRAIN_NUM_THREADS="1")
+    n = str(threads)
+    env.update(OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, MKL_NUM_THREADS=n, EDGETRAIN_NUM_THREADS=n)
     return env
+
+
+def prepare_workload(name: str, work: Path, tiny: bool, ort119) -> dict:
+    """A workload's inputs on disk: its ONNX export, the batch, edgetrain's artifacts and ORT 1.19.2's (each
+    ``refused`` with the reason if that system cannot make them)."""
+    import onnx
+
+    from edgetrain import artifacts
+    folder = work / name
+    folder.mkdir(parents=True)
+    w = workloads.build(name, tiny=tiny)
+    model = folder / "model.onnx"
+    workloads.export(w, model)
+    np.savez(folder / "batch.npz", x=w.x, y=w.y)
+    trainable, frozen = workloads.params(w, [i.name for i in onnx.load(str(model)).graph.initializer])
+    inputs = {"batch": folder / "batch.npz", "edgetrain": folder / "edgetrain_artifacts",
+              "ort": folder / "ort_artifacts", "weights": model, "caches": folder, "refused": {},
+              "workload": name, "tiny": tiny, "weights_diff": 0.0}
+    t = time.perf_counter()
+    try:
+        artifacts.generate_artifacts(str(model), requires_grad=trainable, frozen_params=frozen,
+                                     loss=artifacts.LossType[w.loss], optimizer=artifacts.OptimType.AdamW,
+                                     artifact_directory=inputs["edgetrain"])
+    except Exception as e:        # noqa: BLE001 - the refusal is the result (e.g. an op edgetrain lacks)
+        inputs["refused"]["edgetrain"] = f"{type(e).__name__}: {e}"
+    inputs["generate_s"] = time.perf_counter() - t
+    inputs["ort"].mkdir()
+    try:
+        ort119.run(ORT_GENERATE, {"model": str(ort_ready(model, folder)), "dir": str(inputs["ort"]),
+                                  "params": trainable, "frozen": frozen, "loss": w.loss}, timeout=900)
+    except RuntimeError as e:
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        inputs["refused"]["ort"] = lines[-1] if lines else str(e)
+    return inputs
+
+
+# ORT 1.19.2's generate_artifacts in its venv (ANCHORS.md: no torch there; the tools package asks importlib)
+ORT_GENERATE = r'''
+import onnx
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "_NoTorch"]
+from onnxruntime.training import artifacts
+artifacts.generate_artifacts(onnx.load(ARGS["model"]), requires_grad=ARGS["params"], frozen_params=ARGS["frozen"],
+                             loss=getattr(artifacts.LossType, ARGS["loss"]), optimizer=artifacts.OptimType.AdamW,
+                             artifact_directory=ARGS["dir"])
+'''
+
+
+def ort_ready(model: Path, folder: Path) -> Path:
+    """The export as ORT's gradient builder needs it (ANCHORS.md): LayerNormalization with its optional Mean and
+    InvStdDev outputs named. edgetrain trains the export as it is."""
+    import onnx
+    proto = onnx.load(str(model))
+    changed = False
+    for k, node in enumerate(proto.graph.node):
+        if node.op_type == "LayerNormalization" and len(node.output) == 1:
+            node.output.extend([f"ort_ln{k}_mean", f"ort_ln{k}_inv_std"])
+            changed = True
+    if not changed:
+        return model
+    onnx.save(proto, str(folder / "model_for_ort.onnx"))
+    return folder / "model_for_ort.onnx"
 
 
 def measure(system: System, model: str, inputs: dict, python: dict, steps: int, warmup: int,
             cache: Path | None = None, profile: int = 0) -> dict:
     """One fresh worker process; its JSON result, or {"error": ...} if it failed."""
     spec = {"system": system.runtime, "model": model, "source": str(inputs[system.artifacts]),
-            "batch": str(inputs["batch"]), "steps": steps, "warmup": warmup, "profile": profile}
-    env = worker_env()
+            "batch": str(inputs["batch"]), "steps": steps, "warmup": warmup, "profile": profile,
+            "threads": system.threads, "workload": inputs.get("workload"), "tiny": inputs.get("tiny", False)}
+    env = worker_env(system.threads)
     if cache is not None:
         env["EDGETRAIN_CACHE_DIR"] = str(cache)
     spec["t0"] = time.time()
@@ -128,16 +220,26 @@ def measure(system: System, model: str, inputs: dict, python: dict, steps: int, 
         return {"error": "no result after 900 s"}
     if out.returncode:
         lines = [ln for ln in out.stderr.strip().splitlines() if ln.strip()]
-        return {"error": f"exit {out.returncode}: " + (lines[-1] if lines else "(no message)")}
+        last = lines[-1] if lines else "(no message)"
+        # ORT prefixes its message with the C++ source location and signature: keep what it says
+        last = "ORT: " + last.split("[ONNXRuntimeError] :", 1)[1].strip() if "[ONNXRuntimeError] :" in last else last
+        return {"error": f"exit {out.returncode}: {last}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def bench_model(model: str, systems: list[System], inputs: dict, python: dict, args) -> dict:
     """Cold starts first (empty kernel caches), then ``rounds`` rounds over all systems, rotating the order."""
+    # one kernel cache per artifacts set, shared across thread counts (threads change no kernel)
     caches = {s.name: inputs["caches"] / f"cache-{s.artifacts}" for s in systems if s.runtime == "edgetrain"}
     results: dict[str, dict] = {s.name: {"runs": []} for s in systems}
     for s in systems:
-        if s.runtime == "edgetrain":       # a fresh EDGETRAIN_CACHE_DIR: compiles every kernel it needs
+        refused = inputs.get("refused", {}).get(s.artifacts)
+        if refused:
+            results[s.name]["error"] = f"refused: {refused}"
+            log(f"{model} {s.name}: refused: {refused}")
+    for s in systems:
+        if s.runtime == "edgetrain" and s.threads == 1 and "error" not in results[s.name]:
+            # a fresh EDGETRAIN_CACHE_DIR: compiles every kernel it needs
             cold = measure(s, model, inputs, python, steps=5, warmup=1, cache=caches[s.name])
             results[s.name]["cold"] = cold
             log(f"{model} {s.name} cold: " + (cold.get("error") or f"{cold['first_s']:.2f} s to the first step, "
@@ -157,8 +259,9 @@ def bench_model(model: str, systems: list[System], inputs: dict, python: dict, a
             log(f"{model} round {r + 1}/{args.rounds} {s.name}: {run['ms']:.3f} ms/step, "
                 f"{run['peak_rss_mb']:.0f} MB, start {run['first_s']:.2f} s, loss {run['loss_last']:.6g}")
     if args.profile and "edgetrain" in results and "error" not in results["edgetrain"]:
-        prof = measure(systems[0], model, inputs, python, 20, args.warmup, cache=caches["edgetrain"],
-                       profile=args.profile)
+        own = next(s for s in systems if s.name == "edgetrain")
+        prof = measure(own, model, inputs, python, min(args.steps, 20), min(args.warmup, 5),
+                       cache=caches["edgetrain"], profile=args.profile)
         results["edgetrain"]["profile"] = prof.get("profile") or prof.get("error")
     return summarize(results)
 
@@ -200,10 +303,10 @@ def results_table(table: dict) -> list[str]:
             "| start s | cold start s | loss first | loss last |")
     lines = [head, "|" + "---|" * 13]
     for model, rows in table.items():
-        base = rows.get(BASELINE, {})
         for name, row in rows.items():
+            base = rows.get(baseline_of(name), {})
             if "ms" not in row:
-                lines.append(f"| {model} | {name} | failed: {row.get('error', '?').replace('|', '/')[:160]} |"
+                lines.append(f"| {model} | {name} | failed: {row.get('error', '?').replace('|', '/')[:240]} |"
                              + " |" * 10)
                 continue
             cold = f"{row['cold']:.2f}" if row.get("cold") is not None else "-"
@@ -221,15 +324,18 @@ def targets_table(table: dict) -> list[str]:
             "| cold start s | met |")
     lines = [head, "|" + "---|" * 6]
     for model, rows in table.items():
-        et, base = rows.get("edgetrain", {}), rows.get(BASELINE, {})
-        if "ms" not in et or "ms" not in base:
-            lines.append(f"| {model} | - | - | - | - | no baseline or no edgetrain run |")
-            continue
-        ms, rss = et["ms"] / base["ms"], et["rss"] / base["rss"]
-        met = [k for k, ok in (("speed", ms <= 0.8), ("memory", rss <= 1), ("start", et["start"] <= 1)) if ok]
-        cold = f"{et['cold']:.2f}" if et.get("cold") is not None else "-"
-        lines.append(f"| {model} | {ms:.2f} | {rss:.2f} | {et['start']:.2f} | {cold} | "
-                     f"{', '.join(met) or 'none'} |")
+        for name in [n for n in rows if n.partition(" ")[0] == "edgetrain"]:
+            et, base = rows[name], rows.get(baseline_of(name), {})
+            label = model + name[len("edgetrain"):]
+            if "ms" not in et or "ms" not in base:
+                why = et.get("error") or base.get("error") or "no baseline or no edgetrain run"
+                lines.append(f"| {label} | - | - | - | - | {why.replace('|', '/')[:240]} |")
+                continue
+            ms, rss = et["ms"] / base["ms"], et["rss"] / base["rss"]
+            met = [k for k, ok in (("speed", ms <= 0.8), ("memory", rss <= 1), ("start", et["start"] <= 1)) if ok]
+            cold = f"{et['cold']:.2f}" if et.get("cold") is not None else "-"
+            lines.append(f"| {label} | {ms:.2f} | {rss:.2f} | {et['start']:.2f} | {cold} | "
+                         f"{', '.join(met) or 'none'} |")
     return lines
 
 
@@ -239,19 +345,21 @@ def profile_lines(table: dict) -> list[str]:
         prof = rows.get("edgetrain", {}).get("profile")
         if not isinstance(prof, dict):
             continue
-        calls = prof["calls_ms"]
-        rest = prof["step_ms"] - sum(calls.values())
-        top = ", ".join(f"{k} {v:.3f}" for k, v in list(calls.items())[:6])
-        lines.append(f"- **{model}** ({prof['kernels']['train']} + {prof['kernels']['optimizer']} calls; "
-                     f"{prof['step_ms']:.3f} ms/step with the timers, {rows['edgetrain']['ms']:.3f} without): "
-                     f"{top}; outside kernel calls (API, feed copies, timers) {rest:.3f} ms")
+        by_op = prof["by_op"]
+        total = prof["kernel_ms"] or 1.0
+        top = ", ".join(f"{k} {v:.3f} ({100 * v / total:.0f}%)" for k, v in list(by_op.items())[:8])
+        rest = prof["step_ms"] - prof["kernel_ms"]
+        lines.append(f"- **{model}** ({prof['kernels'].get('train', 0)} + {prof['kernels'].get('optimizer', 0)} "
+                     f"calls; kernels timed alone {prof['kernel_ms']:.3f} ms of a {prof['step_ms']:.3f} ms step, "
+                     f"{rows['edgetrain']['ms']:.3f} in the timed runs): {top}; outside kernel calls (API, "
+                     f"feed copies, caches cooled by the other calls) {rest:.3f} ms")
     return lines
 
 
 def loss_lines(table: dict) -> list[str]:
     lines = []
     for model, rows in table.items():
-        ran = {n: r for n, r in rows.items() if "ms" in r}
+        ran = {n: r for n, r in rows.items() if "ms" in r and " " not in n}     # threads change no loss
         if BASELINE not in ran:
             continue
         base = ran[BASELINE]
@@ -293,7 +401,10 @@ def write_results(path: Path, table: dict, args, python: dict, notes: list[str],
                   load: tuple) -> None:
     cmd = "python bench/train.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     run = (f"{args.rounds} processes per system and model, {args.steps} timed steps after {args.warmup} warm-up "
-           "steps, 1 thread everywhere")
+           f"steps, threads {' and '.join(map(str, args.threads))} (torch 1)")
+    if args.workloads is not None:
+        write_section(path, workload_section(table, args, python, notes, started, minutes, load, cmd, run))
+        return
     text = [
         "# Training benchmark: edgetrain vs ONNX Runtime 1.19.2 vs PyTorch",
         "",
@@ -315,7 +426,51 @@ def write_results(path: Path, table: dict, args, python: dict, notes: list[str],
         "",
         *notes,
     ]
-    path.write_text("\n".join(text) + "\n")
+    kept = kept_section(path)
+    path.write_text("\n".join(text) + "\n" + (f"\n{kept}\n" if kept else ""))
+
+
+def kept_section(path: Path) -> str:
+    """The workloads section of an existing report (markers included), or ''."""
+    text = path.read_text() if path.exists() else ""
+    start, end = text.find(SECTION[0]), text.find(SECTION[1])
+    return text[start:end + len(SECTION[1])] if 0 <= start < end else ""
+
+
+def write_section(path: Path, lines: list[str]) -> None:
+    """Put the workloads section into ``path`` in place of the one there, or after the rest."""
+    block = "\n".join([SECTION[0], *lines, SECTION[1]])
+    text = path.read_text() if path.exists() else ""
+    kept = kept_section(path)
+    text = text.replace(kept, block) if kept else (text.rstrip("\n") + "\n\n" if text else "") + block
+    path.write_text(text.rstrip("\n") + "\n")
+
+
+def workload_section(table, args, python, notes, started, minutes, load, cmd, run) -> list[str]:
+    return [
+        "",
+        "# Realistic workloads (issue 14, item 4): edgetrain vs ONNX Runtime 1.19.2 vs PyTorch",
+        "",
+        f"- date: {started} ({minutes:.1f} min); load average at start / end: {load[0]:.2f} / {load[1]:.2f}",
+        f"- machine: {machine()}",
+        f"- versions: {versions(python)}",
+        f"- command: `{cmd.strip()}` ({run})",
+        "- **caveat**: measured once, on a machine whose 2 cores were shared with up to 7 other busy sessions: "
+        "absolute times are noisy (see the process ranges); the ratios come from the same rotating rounds.",
+        f"- targets (reported, not asserted): {TARGETS}",
+        "",
+        "## Workloads per system (ratios vs ORT 1.19.2 on its own artifacts at the same thread count)",
+        "",
+        *results_table(table),
+        "",
+        "## Workload targets",
+        "",
+        *targets_table(table),
+        "",
+        "## Workload notes",
+        "",
+        *notes,
+    ]
 
 
 NOTES = """\
@@ -347,9 +502,37 @@ NOTES = """\
   torch's last loss differs more than the others (ANCHORS.md: up to 4e-3 after 50 steps on mlp)."""
 
 
+WORKLOAD_NOTES = """\
+- Workloads: bench/workloads.py builds each in torch (seed 0; BatchNorm statistics drawn as a trained network
+  has them), exports it with torch's TorchScript exporter (opset 17, each module in its own mode: a frozen
+  backbone's BatchNorm in inference mode), and both edgetrain's and ORT 1.19.2's `generate_artifacts` make
+  artifacts from that file (trainable: the parameters that require a gradient; frozen: the other float
+  initializers; loss CrossEntropyLoss, or MSELoss for the autoencoder; AdamW). ORT gets the export with
+  LayerNormalization's Mean/InvStdDev outputs named (its gradient needs them, ANCHORS.md). `torch` trains the
+  same module (same weights) with `torch.optim.AdamW` over the parameters that require a gradient.
+- `refused: <reason>`: the system could not make artifacts for the workload (the reason is its own error).
+- ORT 1.19.2's `generate_artifacts` turns every BatchNormalization of the training model into training mode
+  (`BatchNormInternal`, training_mode=1), also those exported in inference mode: on `mobilenetv2_*` ORT's frozen
+  backbone normalises with batch statistics and updates its running statistics, so its loss differs from
+  edgetrain's and torch's (which keep the export's mode) and its step does that extra work.
+- `x2` rows: edgetrain with EDGETRAIN_NUM_THREADS=2 (BLAS and Numba threads), ORT with intra_op_num_threads=2;
+  their ratios are to `ort x2`. The edgetrain x2 rows share the 1-thread rows' kernel cache (no cold start).
+- The protocol is the bench models' (below): fresh processes, rotating order, the same fixed batch everywhere,
+  ms/step = median over processes of each process's median step, peak RSS = VmHWM, start = process start ->
+  first step done (warm kernel cache), cold start = empty kernel cache.
+- The per-kernel breakdown comes from `edgetrain.profiling.profile_artifacts(..., measure_memory=False)` run in
+  its own worker: each kernel call of the training and optimizer programs timed alone, summed by step label."""
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="*", default=MODELS, choices=MODELS)
+    ap.add_argument("--models", nargs="*", choices=MODELS, help="bench models (default: all five, or none with "
+                    "--workloads)")
+    ap.add_argument("--workloads", nargs="*", choices=WORKLOADS, help="measure bench/workloads.py's jobs (no "
+                    "names: all)")
+    ap.add_argument("--tiny", action="store_true", help="the workloads at their test size (smoke runs)")
+    ap.add_argument("--threads", nargs="+", type=int, default=[1], help="thread counts for edgetrain and ORT "
+                    "(e.g. 1 2; torch always 1)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
@@ -360,6 +543,12 @@ def main():
     ap.add_argument("--out", type=Path, help="report file (default bench/RESULTS.md; --quick: none)")
     ap.add_argument("--json", type=Path, help="also write the summarized results as JSON here")
     args = ap.parse_args()
+    if args.workloads is not None and not args.workloads:
+        args.workloads = list(WORKLOADS)
+    if args.models is None:
+        args.models = [] if args.workloads is not None else list(MODELS)
+    if args.workloads is not None and args.models:
+        ap.error("--models and --workloads write different report sections: run them one at a time")
     if args.quick:
         args.rounds, args.steps, args.warmup, args.profile = 1, 20, 5, 10
     out = args.out or (None if args.quick else HERE / "RESULTS.md")
@@ -367,7 +556,7 @@ def main():
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     t_start, load_start = time.time(), os.getloadavg()[0]
     python = {"edgetrain": sys.executable, "torch": sys.executable}
-    systems = list(SYSTEMS)
+    systems = with_threads(WORKLOAD_SYSTEMS if args.workloads is not None else SYSTEMS, args.threads)
     notes = []
     ort119 = load_ort119()
     try:
@@ -390,6 +579,11 @@ def main():
                 notes.append(f"- {model}: edgetrain's checkpoint differs from ORT's by up to "
                              f"{inputs['weights_diff']:.1e}")
             table[model] = bench_model(model, systems, inputs, python, args)
+        for name in args.workloads or []:
+            inputs = prepare_workload(name, Path(work), args.tiny, ort119)
+            log(f"{name}: exported; edgetrain's artifacts in {inputs['generate_s']:.1f} s; refused: "
+                f"{inputs['refused'] or 'nothing'}")
+            table[name] = bench_model(name, systems, inputs, python, args)
 
     lines = results_table(table) + [""] + targets_table(table)
     print("\n".join(lines))
@@ -406,7 +600,8 @@ def main():
             title = (f"### Where edgetrain's step goes (ms per step: medians over {args.profile} steps of each "
                      "step label's kernel calls in the training and optimizer programs, timed one call at a time)")
             extra += ["", title, "", *prof]
-        write_results(out, table, args, python, [NOTES, *notes, *extra], started, minutes,
+        base = WORKLOAD_NOTES if args.workloads is not None else NOTES
+        write_results(out, table, args, python, [base, *notes, *extra], started, minutes,
                       (load_start, os.getloadavg()[0]))
         log(f"wrote {out}")
 

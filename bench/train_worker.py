@@ -5,8 +5,9 @@
 
 ``system`` is ``edgetrain`` (edgetrain.api on the artifacts in ``source``), ``ort`` (ONNX Runtime 1.19.2's
 training API on them; run with the ORT venv's python: torch is kept out of the process) or ``torch``
-(PyTorch eager nn.Modules with the initial weights of the .npz ``source``). Every system trains on the one
-fixed batch in ``batch`` (``x``, ``y``). A step is ORT's ``module.train(); loss = module(x, y);
+(PyTorch eager nn.Modules with the initial weights of the .npz ``source``; for ``"workload": NAME`` (and
+``"tiny"``) the module bench/workloads.py builds, which the artifacts were exported from). Every system trains
+on the one fixed batch in ``batch`` (``x``, ``y``). A step is ORT's ``module.train(); loss = module(x, y);
 optimizer.step(); module.lazy_reset_grad()``, or torch's ``zero_grad; forward; loss; backward; step``.
 
 Reports: ``first_s`` (process start -> first step done), ms per step over ``steps`` timed steps after ``warmup``
@@ -14,8 +15,10 @@ Reports: ``first_s`` (process start -> first step done), ms per step over ``step
 unlike ru_maxrss, does not inherit the parent's peak across exec), ``import_rss_mb`` (VmRSS once the system's
 packages are imported, before any model is loaded), ``built_rss_mb`` (VmRSS with the model and optimizer
 built, before the first step) and the loss of the first and last step.
-``"profile": N`` (edgetrain only) adds N more steps that time each kernel call of the training and
-optimizer programs.
+``"threads": N`` sets ORT's intra-op threads (edgetrain's come from EDGETRAIN_NUM_THREADS, set by the parent;
+torch always runs on 1). ``"profile": N`` (edgetrain only) then profiles N more steps with
+``edgetrain.profiling.profile_artifacts`` (public API, memory runs off): each kernel call of the training and
+optimizer programs timed alone, summed by step label.
 """
 import itertools
 import json
@@ -69,7 +72,7 @@ def ort_system(source: str, x, y):
     ort, api = names["ort"], names["ort_api"]
     IMPORTED_MB.append(status_mb("VmRSS"))
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = SPEC.get("threads", 1)
     options.inter_op_num_threads = 1
     state = api.CheckpointState.load_checkpoint(os.path.join(source, "checkpoint"))
     module = api.Module(os.path.join(source, "training_model.onnx"), state, None, "cpu", session_options=options)
@@ -131,67 +134,58 @@ def torch_model(name: str):
             "transformer": Transformer, "mobilenet": MobileNet}[name]()
 
 
+LOSSES = {"CrossEntropyLoss": "cross_entropy", "MSELoss": "mse_loss"}     # LossType -> torch.nn.functional
+
+
 def torch_system(source: str, x, y):
     import numpy as np
     import torch
     IMPORTED_MB.append(status_mb("VmRSS"))
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    model = torch_model(SPEC["model"])
-    with np.load(source) as weights:
-        state = {k: torch.from_numpy(weights[k].copy()) for k in weights.files}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or any(not k.endswith("num_batches_tracked") for k in missing):
-        raise RuntimeError(f"torch {SPEC['model']}: weights missing {missing}, unexpected {unexpected}")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0)
+    if SPEC.get("workload"):
+        # the workload's own builder: same seed, same weights as the model its artifacts were made from
+        sys.path.insert(0, BENCH)
+        import workloads
+        w = workloads.build(SPEC["workload"], tiny=SPEC.get("tiny", False))
+        model, loss_fn = w.model, LOSSES[w.loss]
+    else:
+        model, loss_fn = torch_model(SPEC["model"]), LOSSES["CrossEntropyLoss"]
+        with np.load(source) as weights:
+            state = {k: torch.from_numpy(weights[k].copy()) for k in weights.files}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or any(not k.endswith("num_batches_tracked") for k in missing):
+            raise RuntimeError(f"torch {SPEC['model']}: weights missing {missing}, unexpected {unexpected}")
+        model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0)
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-    model.train()
 
     def step():
         optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(tx), ty)
+        loss = getattr(torch.nn.functional, loss_fn)(model(tx), ty)
         loss.backward()
         optimizer.step()
         return loss.detach()
     return step, None
 
 
-# -- the edgetrain breakdown: time per kernel call, by step label ------------------------------------------------
-def median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
-
-
-def profile(handles, step, steps: int) -> dict:
-    """Medians over ``steps`` steps (robust to other processes' bursts) of the step and of each label's calls."""
-    module, optimizer = handles
-    current: dict[str, float] = {}
-    clock = time.perf_counter
-
-    def timed(fn, label):
-        def call(*args):
-            t = clock()
-            fn(*args)
-            current[label] = current.get(label, 0.0) + clock() - t
-        return call
-
-    # a training step and the optimizer have one program per gradient slot (edgetrain/runtime/step.py)
-    programs = [(kind, p) for kind, p in module.programs() if kind == "train"]
-    programs += [("optimizer", p) for p in optimizer.programs()]
-    for tag, prog in programs:
-        labels = [s.label for s in prog.plan.steps if s.kind != "alias"]
-        prog.calls = [(timed(fn, f"{tag} {label}"), args) for (fn, args), label in zip(prog.calls, labels)]
-    per_label: dict[str, list[float]] = {}
-    step_times = []
-    for _ in range(steps):
-        current.clear()
-        t = clock()
-        step()
-        step_times.append(clock() - t)
-        for label, spent in current.items():
-            per_label.setdefault(label, []).append(spent)
-    rows = {k: 1e3 * median(v) for k, v in sorted(per_label.items(), key=lambda kv: -median(kv[1]))}
-    return {"step_ms": 1e3 * median(step_times), "calls_ms": rows,
-            "kernels": {tag: len(prog.calls) for tag, prog in programs}}
+# -- the edgetrain breakdown: time per kernel call, by step label (edgetrain.profiling's public API) -------------
+def profile(source: str, x, y, steps: int, input_names: list[str]) -> dict:
+    """Medians over ``steps`` steps of each training and optimizer kernel call, timed alone, summed by step
+    label; in a fresh Module made by the profiler (the eval model left out: only training is measured)."""
+    import tempfile
+    from edgetrain.profiling import profile_artifacts
+    with tempfile.TemporaryDirectory(prefix="edgetrain-profile-") as folder:
+        for name in ("training_model.onnx", "optimizer_model.onnx", "checkpoint"):
+            os.symlink(os.path.join(os.path.abspath(source), name), os.path.join(folder, name))
+        # no batch size: every input comes from ``data`` (a batch size would cut labels shaped [N*T] to N)
+        found = profile_artifacts(folder, steps=max(2, steps),
+                                  data=dict(zip(input_names, (x, y))), measure_memory=False)
+    by_op = {f"{r.kind} {label}": ms for r in found.reports for label, ms in r.by_op.items()}
+    return {"step_ms": sum(r.step_ms for r in found.reports), "kernel_ms": sum(r.kernel_ms for r in found.reports),
+            "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
+            "kernels": {r.kind: r.kernels for r in found.reports}}
 
 
 def main():
@@ -223,7 +217,8 @@ def main():
         from edgetrain.kernels._jit import compile_stats
         out["compiled"] = compile_stats()
         if SPEC.get("profile"):
-            out["profile"] = profile(handles, step, SPEC["profile"])
+            module = handles[0]
+            out["profile"] = profile(SPEC["source"], x, y, SPEC["profile"], module.input_names())
     print(json.dumps(out))
 
 

@@ -285,15 +285,63 @@ def _time_kernels(prog, inputs: list[np.ndarray], runs: int, before_run=None) ->
     return kernels, dict(sorted(by_op.items(), key=lambda kv: -kv[1]))
 
 
+def _measure_memory(order, run, after, reports, memory, steps: int) -> None:
+    """RSS and USS after each of ``steps`` steps of each kind (reading smaps evicts the step's data from the
+    caches, so not in the timed runs), then Python-heap bytes per step. Results go to arrays made beforehand, so
+    the bookkeeping allocates nothing that would show up as growth."""
+    samples = np.full((len(order), steps, 3), -1, np.int64)     # RSS, USS, anonymous; -1: not reported
+    for i in range(steps):
+        for k, kind in enumerate(order):
+            run[kind]()
+            if after.get(kind):
+                after[kind]()
+            samples[k, i] = [-1 if v is None else v for v in memory.sample()]
+    for k, kind in enumerate(order):
+        r = reports[kind]
+        rss, uss, anon = (samples[k, :, c] for c in range(3))
+        r.rss_peak, r.rss_growth = int(rss.max()), int(rss[-1] - rss[0])
+        if (uss >= 0).all():
+            r.uss_peak, r.uss_growth = int(uss.max()), int(uss[-1] - uss[0])
+        if (anon >= 0).all():
+            r.anon_peak, r.anon_growth = int(anon.max()), int(anon[-1] - anon[0])
+
+    # tracemalloc slows everything: its own runs
+    nets = np.zeros((len(order), steps), np.int64)
+    peaks = np.zeros((len(order), steps), np.int64)
+    tracemalloc.start()
+    try:
+        for _ in range(TRACE_SETTLE):
+            for kind in order:
+                run[kind]()
+                if after.get(kind):
+                    after[kind]()
+        for i in range(steps):
+            for k, kind in enumerate(order):
+                held = tracemalloc.get_traced_memory()[0]
+                tracemalloc.reset_peak()
+                run[kind]()
+                current, peak = tracemalloc.get_traced_memory()
+                nets[k, i], peaks[k, i] = current - held, peak - held
+                if after.get(kind):
+                    after[kind]()
+    finally:
+        tracemalloc.stop()
+    for k, kind in enumerate(order):
+        r = reports[kind]
+        r.py_bytes_per_step, r.py_net_bytes = float(np.median(nets[k])), int(nets[k].sum())
+        r.py_transient_bytes = int(peaks[k].max())
+
+
 def profile_artifacts(folder, batch_size: int | None = None, steps: int = 20, data=None,
-                      max_memory: int | None = None, seed: int = 0) -> Profile:
+                      max_memory: int | None = None, seed: int = 0, *, measure_memory: bool = True) -> Profile:
     """Profile the training artifacts in ``folder`` (training_model.onnx and checkpoint; eval_model.onnx and
     optimizer_model.onnx when present) at ``batch_size`` over ``steps`` steady steps of each kind.
 
     ``data``: a ``.npz`` path (or a dict) of arrays named like the model's inputs, used instead of synthetic
     inputs. ``max_memory`` (bytes; default: ``edgetrain.budget``'s) bounds each step's planned arena and the
     planned total (arenas, state and constants); planning fails before anything runs, with a
-    ``MemoryBudgetError`` that says what is needed.
+    ``MemoryBudgetError`` that says what is needed. ``measure_memory=False`` skips the RSS and Python-heap runs
+    (their fields stay zero): step times and the per-kernel breakdown only, for models whose steps take seconds.
     """
     from . import budget
     from .api import MOMENT_INPUTS, CheckpointState, Module, Optimizer
@@ -382,11 +430,8 @@ def profile_artifacts(folder, batch_size: int | None = None, steps: int = 20, da
             if after.get(kind):
                 after[kind]()
 
-    # 2. un-instrumented steady steps: the time of each step; then, in other runs, RSS and USS after each
-    #    (reading smaps evicts the step's data from the caches). Results go to arrays made beforehand, so the
-    #    bookkeeping allocates nothing that would show up as growth.
+    # 2. un-instrumented steady steps: the time of each step; then (``measure_memory``) RSS, USS and Python-heap runs
     times = np.zeros((len(order), steps))
-    samples = np.full((len(order), steps, 3), -1, np.int64)     # RSS, USS, anonymous; -1: not reported
     clock = time.perf_counter
     for i in range(steps):
         for k, kind in enumerate(order):
@@ -395,47 +440,10 @@ def profile_artifacts(folder, batch_size: int | None = None, steps: int = 20, da
             times[k, i] = clock() - t0
             if after.get(kind):
                 after[kind]()
-    for i in range(steps):
-        for k, kind in enumerate(order):
-            run[kind]()
-            if after.get(kind):
-                after[kind]()
-            samples[k, i] = [-1 if v is None else v for v in memory.sample()]
     for k, kind in enumerate(order):
-        r = reports[kind]
-        r.step_ms = float(np.median(times[k])) * 1e3
-        rss, uss, anon = (samples[k, :, c] for c in range(3))
-        r.rss_peak, r.rss_growth = int(rss.max()), int(rss[-1] - rss[0])
-        if (uss >= 0).all():
-            r.uss_peak, r.uss_growth = int(uss.max()), int(uss[-1] - uss[0])
-        if (anon >= 0).all():
-            r.anon_peak, r.anon_growth = int(anon.max()), int(anon[-1] - anon[0])
-
-    # 3. Python-heap allocations per step (tracemalloc slows everything: its own runs)
-    nets = np.zeros((len(order), steps), np.int64)
-    peaks = np.zeros((len(order), steps), np.int64)
-    tracemalloc.start()
-    try:
-        for _ in range(TRACE_SETTLE):
-            for kind in order:
-                run[kind]()
-                if after.get(kind):
-                    after[kind]()
-        for i in range(steps):
-            for k, kind in enumerate(order):
-                held = tracemalloc.get_traced_memory()[0]
-                tracemalloc.reset_peak()
-                run[kind]()
-                current, peak = tracemalloc.get_traced_memory()
-                nets[k, i], peaks[k, i] = current - held, peak - held
-                if after.get(kind):
-                    after[kind]()
-    finally:
-        tracemalloc.stop()
-    for k, kind in enumerate(order):
-        r = reports[kind]
-        r.py_bytes_per_step, r.py_net_bytes = float(np.median(nets[k])), int(nets[k].sum())
-        r.py_transient_bytes = int(peaks[k].max())
+        reports[kind].step_ms = float(np.median(times[k])) * 1e3
+    if measure_memory:
+        _measure_memory(order, run, after, reports, memory, steps)
 
     # 4. each kernel call timed alone, iterating the program's calls
     for kind in order:

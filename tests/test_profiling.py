@@ -117,6 +117,25 @@ def test_the_figures_see_a_step_that_leaks(digits_artifacts, monkeypatch):
     assert train.rss_growth >= 5 * leak and (train.anon_growth is None or train.anon_growth >= 5 * leak)
 
 
+def test_without_memory_runs_times_steps_and_kernels_only(digits_artifacts, monkeypatch):
+    """measure_memory=False (bench/train.py's breakdown of multi-second steps) runs no sampled or traced steps."""
+    from edgetrain.api import Module
+    calls = []
+    real = Module.__call__
+
+    def counted(self, *inputs):
+        calls.append(1)
+        return real(self, *inputs)
+
+    monkeypatch.setattr(Module, "__call__", counted)
+    p = profile_artifacts(digits_artifacts, batch_size=8, steps=3, measure_memory=False)
+    train = p.reports[0]
+    assert train.step_ms > 0 and train.by_op and train.kernel_ms > 0
+    assert train.rss_peak == 0 and train.py_transient_bytes == 0
+    # warm-up and timed steps of train and eval only: 2 kinds x (3 warm-up + 3 timed)
+    assert len(calls) == 2 * (3 + 3)
+
+
 def test_symbolic_batch_and_user_data(digits_artifacts, tmp_path):
     with pytest.raises(InputError, match=r"'input' is float\[N,64\].*batch size"):
         profile_artifacts(digits_artifacts, steps=2)
