@@ -13,10 +13,12 @@ REPO = Path(__file__).resolve().parents[1]
 # lowest first; a unit is a top-level module or subpackage of edgetrain (kernels/ and minimal_build/ included)
 LAYERS = [
     {"errors"},
-    {"config", "budget", "reading", "ir", "ortvalue"},
-    {"atomic", "ops"},
-    {"onnx_io", "checkpoint", "plan"},
-    {"autodiff", "compact", "kernels"},
+    {"config", "budget", "reading", "ir", "ortvalue", "ortformat_schema", "ort_schemas"},
+    {"atomic", "ops", "opset", "onnx_wire"},
+    {"checkpoint", "plan"},
+    {"ortformat"},                      # reads .ort files with checkpoint's bounds-checked flatbuffer views
+    {"onnx_io"},
+    {"autodiff", "compact", "kernels", "ortformat_writer"},
     {"codegen", "onnxblock"},
     {"runtime", "artifacts"},
     {"session"},
