@@ -261,3 +261,14 @@ def test_conflicting_fixed_dims_name_the_node_and_both_shapes(tmp_path):
     with pytest.raises(ShapeError, match=r"'fc1'.*100 vs 784.*symbolic dims were typed as batch=\d+"):
         artifacts.generate_artifacts(model, requires_grad=["w1"], loss=artifacts.LossType.CrossEntropyLoss,
                                      artifact_directory=tmp_path)
+
+
+def test_every_axis_dynamic_against_a_4d_constant_ties_all_four():
+    """[a, b, c, d] plus a [2, 3, 4, 5] constant: four symbols tied at one node (single and pair bindings do not
+    get past it); the types are what onnx's shape inference says, and the artifacts are made."""
+    rng = np.random.default_rng(4)
+    nodes = [h.make_node("Add", ["x", "w"], ["s"], name="add"), h.make_node("Relu", ["s"], ["y"], name="relu")]
+    model = _model("m", nodes, [("x", TensorProto.FLOAT, ["a", "b", "c", "d"])], [("y", TensorProto.FLOAT, None)],
+                   [_weight("w", (2, 3, 4, 5), rng)])
+    theirs = {v.name: _dims(v) for v in onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.value_info}
+    assert list(_dims_of(model, "s")) == theirs["s"] == [2, 3, 4, 5]

@@ -234,6 +234,9 @@ def _unifier(typing: Typing, error: ShapeError) -> Typing | None:
     where = _position(typing.graph, ctx.node)
     singles = _candidates(typing, ctx)
     tries = [[c] for c in singles] + [list(p) for p in itertools.combinations(singles, 2) if p[0][0] != p[1][0]]
+    aligned = _aligned(typing, ctx)
+    if len(aligned) > 2:          # more symbols than a pair, each tied to the dim beside it (broadcasting)
+        tries.append(aligned)
     for bindings in tries:
         trial = Typing(typing.graph, typing.wrt, typing.outputs, typing.dims,
                        [s for s in typing.free if s not in {b[0] for b in bindings}],
@@ -248,6 +251,24 @@ def _unifier(typing: Typing, error: ShapeError) -> Typing | None:
             if later is not None and _position(typing.graph, later.node) > where:
                 return trial
     return None
+
+
+def _aligned(typing: Typing, ctx) -> list[tuple[str, Expr]]:
+    """Each free symbol of the node's tensor inputs bound to the dim at the same place, counted from the right,
+    in another input (a dim of 1 broadcasts and binds nothing): a fully dynamic [a, b, c, d] added to a
+    [2, 3, 4, 5] constant ties four symbols at one node, more than single and pair tries reach."""
+    sizes = typing.sizes()
+    by_size = {v: s for s, v in sizes.items() if s in typing.free}
+    shapes = [t.shape for t in ctx.in_types if isinstance(t, TensorType)]
+    found: dict[str, Expr] = {}
+    for a, b in itertools.permutations(shapes, 2):
+        for da, db in zip(reversed(a), reversed(b)):
+            s = by_size.get(da)
+            if s is not None and s not in found and db not in (da, 1):
+                found[s] = _monomial(db, {k: v for k, v in sizes.items() if k != s})
+    if any(f.symbols & set(found) for f in found.values()):
+        return []       # a symbol tied to another symbol being bound: leave it to the single and pair tries
+    return list(found.items())
 
 
 def _position(graph: Graph, node) -> int:
