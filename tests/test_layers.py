@@ -22,6 +22,7 @@ LAYERS = [
     {"session"},
     {"api"},
     {"trainer", "profiling", "timeline", "data"},
+    {"federated"},                                                  # the optional Flower apps and launcher
     {"cli", "minimal_build", "trimmed", "__init__", "__main__"},   # trimmed: minimal_build/device_build.py, shipped
 ]
 LAYER = {unit: k for k, units in enumerate(LAYERS) for unit in units}
