@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..api import CheckpointState
 from .. import atomic
+from ..api import CheckpointState
 from ..errors import InputError
 from ..trainer import LOSS_PROPERTY, evaluate_metrics, open_artifacts, train_epoch
 
