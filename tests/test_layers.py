@@ -13,16 +13,18 @@ REPO = Path(__file__).resolve().parents[1]
 # lowest first; a unit is a top-level module or subpackage of edgetrain (kernels/ and minimal_build/ included)
 LAYERS = [
     {"errors"},
-    {"config", "budget", "reading", "ir", "ortvalue"},
-    {"atomic", "ops"},
-    {"onnx_io", "checkpoint", "plan"},
-    {"autodiff", "compact", "kernels"},
+    {"config", "budget", "reading", "ir", "ortvalue", "ortformat_schema", "ort_schemas"},
+    {"atomic", "ops", "opset", "onnx_wire"},
+    {"checkpoint", "plan"},
+    {"ortformat"},                      # reads .ort files with checkpoint's bounds-checked flatbuffer views
+    {"onnx_io"},
+    {"autodiff", "compact", "kernels", "ortformat_writer"},
     {"codegen", "onnxblock"},
     {"runtime", "artifacts"},
     {"session"},
-    {"api"},
-    {"trainer", "profiling", "timeline", "data"},
-    {"federated"},                                                  # the optional Flower apps and launcher
+    {"api", "forward_backward"},
+    {"trainer", "profiling", "timeline", "data", "estimators", "torch"},
+    {"federated"},
     {"cli", "minimal_build", "trimmed", "__init__", "__main__"},   # trimmed: minimal_build/device_build.py, shipped
 ]
 LAYER = {unit: k for k, units in enumerate(LAYERS) for unit in units}
@@ -74,3 +76,32 @@ def test_imports_only_from_lower_layers(unit, path, package):
     if LAYER[unit] == len(LAYERS) - 1:       # the entry points (command line, build tools) may use each other
         upward = [u for u in upward if u not in LAYER]
     assert not upward, f"{path.relative_to(REPO)} ({unit}, layer {LAYER[unit]}) imports {upward} from its layer or above"
+
+
+def _defined_privates(tree) -> set[str]:
+    """Private names a file defines: functions, classes, and attributes it assigns (``self._x = ...``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {n for n in names if n.startswith("_")}
+
+
+def test_no_module_reaches_into_another_modules_privates():
+    """``obj._name`` is read only in the file that defines ``_name`` (a module's privates are its own: the
+    profiler, CLI, minimal build and benchmarks use public methods)."""
+    files = [path for _, path, _ in _units()] + sorted((REPO / "bench").glob("*.py"))
+    found = []
+    for path in files:
+        tree = ast.parse(path.read_text(), str(path))
+        own = _defined_privates(tree)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls", "os", "sys"))
+                    and node.attr not in own):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: .{node.attr}")
+    assert not found, "\n".join(found)
