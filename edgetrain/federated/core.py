@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import atomic
 from ..api import CheckpointState
-from ..atomic import write_text
 from ..errors import InputError
 from ..trainer import LOSS_PROPERTY, evaluate_metrics, open_artifacts, train_epoch
 
@@ -191,7 +191,7 @@ def append_history(path, record: dict) -> None:
     """One JSON line per round in ``path`` (rewritten whole and atomically, so a kill never leaves half a line)."""
     path = Path(path)
     old = path.read_text() if path.exists() else ""
-    write_text(path, old + json.dumps(record, sort_keys=True) + "\n")
+    atomic.write_text(path, old + json.dumps(record, sort_keys=True) + "\n")
 
 
 def read_history(path) -> list[dict]:

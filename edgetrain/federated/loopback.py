@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from .. import atomic
 from ..errors import EdgetrainError
 
 HOST = "127.0.0.1"
@@ -103,9 +104,16 @@ class Federation:
     # -- processes ----------------------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         self.logs.mkdir(parents=True, exist_ok=True)
-        with open(self.logs / f"{name}.log", "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        log = self.logs / f"{name}.log"
+        if not log.exists():
+            atomic.write_atomic(log, b"")
+        # a log is a stream the process appends to: the file is made by the atomic writer, opened without O_CREAT
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+        try:
+            proc = subprocess.Popen(argv, stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=self.env, cwd=self.folder, start_new_session=True)
+        finally:
+            os.close(fd)
         self.procs[name] = proc
         return proc
 
@@ -115,8 +123,8 @@ class Federation:
         self.control = f"{HOST}:{link}"
         home = self.folder / "flwr-home"
         home.mkdir(parents=True, exist_ok=True)
-        (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "{self.control}"\ninsecure = true\n')
+        atomic.write_text(home / "config.toml", f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
+                                                f'address = "{self.control}"\ninsecure = true\n')
         self._spawn("superlink", [_tool("flower-superlink"), "--insecure", "--disable-runtime-dependency-installation",
                                   "--host", HOST, "--port", str(link)])
         for i, (config, port) in enumerate(zip(self.node_configs, node_ports)):
