@@ -37,7 +37,7 @@ from .matmul import OPS as MATMUL_OPS
 from .normalization import LAYER_NORM_ATTRS, layer_norm_axis, stash_dtype
 from .softmax import OPS as SOFTMAX_OPS
 from .softmax import REDUCTIONS
-from .tensor import split_sizes, trilu_mask
+from .tensor import split_input_gradient, split_sizes, trilu_mask
 
 MS = "com.microsoft"
 GELU_C, GELU_A = 0.7978845608028654, 0.044715    # sqrt(2 / pi) and the cubic term of the tanh GELU
@@ -118,14 +118,7 @@ def _concat_training_vjp(g, dys):
 
 
 def _split_training_vjp(g, dys):
-    parts = []
-    for k, (y, dy) in enumerate(zip(g.node.outputs, dys)):
-        if dy is None:
-            if not y:
-                raise g.error(f"output {k} is omitted, so its shape for the gradient is unknown")
-            dy = g.emit("ConstantOfShape", [g.shape_of(y)], {"value": np.zeros(1, g.in_types[0].dtype)})
-        parts.append(dy)
-    return [g.emit("Concat", parts, {"axis": g.attr("axis")}), None]
+    return [split_input_gradient(g, dys), None]
 
 
 def _sln_vjp(g, dys):

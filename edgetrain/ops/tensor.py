@@ -552,9 +552,9 @@ def _concat_vjp(g, dys):
     return [o or None for o in outputs]
 
 
-def _split_vjp(g, dys):
-    """Concat of the outputs' gradients; an output without one contributes zeros (ConstantOfShape of its
-    Shape, folded when planning)."""
+def split_input_gradient(g, dys) -> str:
+    """A split's input gradient: Concat of the outputs' gradients; an output without one contributes zeros
+    (ConstantOfShape of its Shape, folded when planning). Split and com.microsoft SplitTraining share it."""
     parts = []
     for k, (y, dy) in enumerate(zip(g.node.outputs, dys)):
         if dy is None:
@@ -562,8 +562,11 @@ def _split_vjp(g, dys):
                 raise g.error(f"output {k} is omitted, so its shape for the gradient is unknown")
             dy = g.emit("ConstantOfShape", [g.shape_of(y)], {"value": np.zeros(1, g.in_types[0].dtype)})
         parts.append(dy)
-    dx = parts[0] if len(parts) == 1 else g.emit("Concat", parts, {"axis": g.attr("axis")})
-    return [dx] + [None] * (len(g.node.inputs) - 1)
+    return parts[0] if len(parts) == 1 else g.emit("Concat", parts, {"axis": g.attr("axis")})
+
+
+def _split_vjp(g, dys):
+    return [split_input_gradient(g, dys)] + [None] * (len(g.node.inputs) - 1)
 
 
 def _pad_vjp(g, dys):
