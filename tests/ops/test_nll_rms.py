@@ -96,3 +96,31 @@ def test_nll_gradient_matches_torch(reduction):
                       reduction=reduction) * cot
     loss.backward()
     np.testing.assert_allclose(ours, x.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# --- RMSNormalization (opset 23; onnxruntime 1.19 lacks it) -------------------------------------------------
+
+@pytest.mark.parametrize("shape,axis", [((3, 4), -1), ((2, 3, 5), 0), ((2, 3, 5), 1), ((2, 3, 5), -1)])
+@pytest.mark.parametrize("epsilon", [None, 0.1])
+def test_rms_norm_forward(shape, axis, epsilon):
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32),
+             "s": rng.standard_normal(shape[axis % len(shape):]).astype(np.float32)}
+    attrs = {"axis": axis} | ({"epsilon": epsilon} if epsilon is not None else {})
+    m = model(helper.make_node("RMSNormalization", ["x", "s"], ["y"], **attrs), feeds, ["y"], opset=23)
+    assert_matches(m, feeds, oracle=run_reference, rtol=1e-5, atol=1e-6)
+
+
+def test_rms_norm_scale_shape_checked():
+    feeds = {"x": np.ones((2, 3), np.float32), "s": np.ones(2, np.float32)}
+    m = model(helper.make_node("RMSNormalization", ["x", "s"], ["y"], name="rms"), feeds, ["y"], opset=23)
+    with pytest.raises(ShapeError, match="'rms'.*scale must be"):
+        run_edgetrain(m, feeds)
+
+
+@pytest.mark.parametrize("shape,axis", [((4, 6), -1), ((2, 3, 4), 1)])
+def test_rms_norm_gradient_finite_differences(shape, axis):
+    rng = np.random.default_rng(1)
+    params = {"x": rng.standard_normal(shape), "s": rng.uniform(0.5, 1.5, shape[axis % len(shape):])}
+    node = Node("RMSNormalization", ["x", "s"], ["y"], {"axis": axis, "epsilon": 1e-3}, "rms")
+    check_gradients([node], params, ["y"], [TensorType(np.float64, shape)], opset=23, samples=8)
