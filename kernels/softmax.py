@@ -1,4 +1,4 @@
-"""Softmax, LogSoftmax and SoftmaxCrossEntropyLoss: one fused kernel each (max, sum of exp, normalize).
+"""Softmax, LogSoftmax, SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss: one fused kernel each (max, sum of exp, normalize).
 
 X is viewed as ``[outer, n, inner]`` with ``n`` the softmax axis. When ``inner == 1`` rows are contiguous and
 the max/sum stay in registers; otherwise a ``[2, inner]`` workspace holds them so every pass walks X in memory
@@ -195,6 +195,15 @@ def softmax_cross_entropy(ctx):
     """log_prob = LogSoftmax(scores, axis=1); loss[i, d] = -log_prob[i, label, d] * w[label] (0 where
     label == ignore_index), then summed, or divided by the sum of the weights of the non-ignored samples.
     A label outside [0, C) (other than ignore_index) raises InputError."""
+    return _label_loss_launcher(ctx, True)
+
+
+def nll_loss(ctx):
+    """NegativeLogLikelihoodLoss: SoftmaxCrossEntropyLoss's loss with the input taken as log_prob as it is."""
+    return _label_loss_launcher(ctx, False)
+
+
+def _label_loss_launcher(ctx, softmax: bool):
     n, c, d, reduction, has_ignore, ignore = _sce_config(ctx, 0)
     has_weights = ctx.has_input(2)
     n_in = len(ctx.node.inputs)
@@ -209,16 +218,17 @@ def softmax_cross_entropy(ctx):
         loss = args[n_in]
         log_prob = args[n_in + 1].reshape(n, c, d) if want_log_prob else dummy_lp
         bad = _sce(scores.reshape(n, c, d), labels.reshape(n, d), weights, has_weights, has_ignore, ignore,
-                   reduction, loss.reshape(-1), log_prob, want_log_prob)
+                   reduction, loss.reshape(-1), log_prob, want_log_prob, softmax)
         if bad >= 0:
             raise ctx.bad_value(1, labels, bad, allowed)
     return run
 
 
 @jit
-def _sce(x, labels, weights, has_weights, has_ignore, ignore, reduction, loss, log_prob, want_log_prob):
+def _sce(x, labels, weights, has_weights, has_ignore, ignore, reduction, loss, log_prob, want_log_prob, softmax):
     """Returns -1, or the flat index of the first label outside [0, c) that is not ignore_index (checked before
-    it indexes ``x`` or ``weights``; the outputs are then incomplete)."""
+    it indexes ``x`` or ``weights``; the outputs are then incomplete). Without ``softmax`` ``x`` is log_prob
+    already (NegativeLogLikelihoodLoss): m and log(sum) are 0."""
     n, c, d = x.shape
     total = np.float64(0.0)
     wsum = np.float64(0.0)
@@ -228,14 +238,17 @@ def _sce(x, labels, weights, has_weights, has_ignore, ignore, reduction, loss, l
             ignored = has_ignore and lab == ignore
             if not ignored and (lab < 0 or lab >= c):
                 return i * d + j
-            m = np.float64(x[i, 0, j])   # float64 without the JIT too (numpy: float32 - 0.5 is float32)
-            for k in range(1, c):
-                if x[i, k, j] > m:
-                    m = np.float64(x[i, k, j])
-            s = 0.0
-            for k in range(c):
-                s += math.exp(x[i, k, j] - m)
-            ls = math.log(s)
+            m = np.float64(0.0)   # float64 without the JIT too (numpy: float32 - 0.5 is float32)
+            ls = 0.0
+            if softmax:
+                m = np.float64(x[i, 0, j])
+                for k in range(1, c):
+                    if x[i, k, j] > m:
+                        m = np.float64(x[i, k, j])
+                s = 0.0
+                for k in range(c):
+                    s += math.exp(x[i, k, j] - m)
+                ls = math.log(s)
             if want_log_prob:
                 for k in range(c):
                     log_prob[i, k, j] = (x[i, k, j] - m) - ls
@@ -257,6 +270,15 @@ def _sce(x, labels, weights, has_weights, has_ignore, ignore, reduction, loss, l
 
 def softmax_cross_entropy_grad(ctx):
     """A label outside [0, C) (other than ignore_index) raises InputError."""
+    return _label_loss_grad_launcher(ctx, True)
+
+
+def nll_loss_grad(ctx):
+    """NegativeLogLikelihoodLossGrad(dY, input, target[, weight]): the input is read for its shape only."""
+    return _label_loss_grad_launcher(ctx, False)
+
+
+def _label_loss_grad_launcher(ctx, softmax: bool):
     n, c, d, reduction, has_ignore, ignore = _sce_config(ctx, 1)
     has_weights = ctx.has_input(3)
     dummy_w = np.ones(1, ctx.type(1).dtype)
@@ -267,16 +289,17 @@ def softmax_cross_entropy_grad(ctx):
         dy, log_prob, labels = args[0], args[1], args[2]
         weights = args[3] if has_weights else dummy_w
         bad = _sce_grad(dy.reshape(-1), log_prob.reshape(n, c, d), labels.reshape(n, d), weights, has_weights,
-                        has_ignore, ignore, reduction, args[n_in].reshape(n, c, d))
+                        has_ignore, ignore, reduction, args[n_in].reshape(n, c, d), softmax)
         if bad >= 0:
             raise ctx.bad_value(2, labels, bad, allowed)
     return run
 
 
 @jit
-def _sce_grad(dy, log_prob, labels, weights, has_weights, has_ignore, ignore, reduction, dx):
+def _sce_grad(dy, log_prob, labels, weights, has_weights, has_ignore, ignore, reduction, dx, softmax):
     """Returns -1, or the flat index of the first label outside [0, c) that is not ignore_index (checked in the
-    first loop that reads the labels, before one indexes ``weights`` or selects a class)."""
+    first loop that reads the labels, before one indexes ``weights`` or selects a class). Without ``softmax``
+    (NegativeLogLikelihoodLoss) the loss is linear in its input: no exp(log_prob) term."""
     n, c, d = log_prob.shape
     wsum = np.float64(0.0)
     if reduction == 2:
@@ -301,7 +324,8 @@ def _sce_grad(dy, log_prob, labels, weights, has_weights, has_ignore, ignore, re
             if reduction == 2:
                 scale = np.divide(scale, wsum)   # weights summing to 0: NaN or inf (Numba's / would raise)
             for k in range(c):
-                dx[i, k, j] = (math.exp(log_prob[i, k, j]) - (1.0 if k == lab else 0.0)) * scale
+                p = math.exp(log_prob[i, k, j]) if softmax else 0.0
+                dx[i, k, j] = (p - (1.0 if k == lab else 0.0)) * scale
     return -1
 
 

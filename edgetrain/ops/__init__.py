@@ -46,9 +46,7 @@ def supported_ops() -> list[str]:
 
 
 # near alternatives for ops users meet that the table lacks: what to export instead
-ALTERNATIVES = {
-    ("", "NegativeLogLikelihoodLoss"): "use SoftmaxCrossEntropyLoss (the CrossEntropy loss of edgetrain.artifacts)",
-}
+ALTERNATIVES: dict[tuple[str, str], str] = {}
 
 
 def _alternative(node: Node) -> str:

@@ -11,7 +11,8 @@ that the other families lack (the full list, with what is and is not supported: 
   sigmoid(a x), SiLU), FastGeluFusion (the tanh GELU) and BiasGeluFusion write them; element-wise, so fused.
 - ``SimplifiedLayerNormalization`` (ai.onnx domain in ORT, version 1) and its ``...Grad``: RMS normalization,
   written by SimplifiedLayerNormFusion for x / sqrt(mean(x^2) + eps) * scale; lowered to reductions and
-  element-wise ops.
+  element-wise ops. ai.onnx ``RMSNormalization`` (opset 23) is the same op without the inv_std_var output:
+  lowered alike, and trained as SimplifiedLayerNormalization (``train_form``), whose gradient reads that output.
 - ``ConvTransposeGrad`` (com.microsoft): ConvTranspose's gradient op, lowered to the Conv (dX) and ConvGrad
   (dW) of ``ops.conv``'s own ConvTranspose gradient rule.
 - ``SoftmaxCrossEntropyLossInternal`` and its ``...Grad`` (com.microsoft): SoftmaxCrossEntropyLossInternalFusion's
@@ -221,6 +222,22 @@ def _simplified_layer_norm(ctx: NodeContext):
     return [x, stat][:max(1, len(ctx.node.outputs))]
 
 
+def _rms_norm(ctx: NodeContext):
+    x = ctx.type(0)
+    _sln_types(ctx, x, 1)
+    if len(ctx.node.outputs) > 1:
+        raise ctx.error("has one output (Y)")
+    return [x]
+
+
+def _rms_norm_fold(ctx, x, scale):
+    return _sln_fold(ctx, x, scale)[0]
+
+
+def _rms_norm_train_form(node: Node, opset: int) -> Node:
+    return Node("SimplifiedLayerNormalization", list(node.inputs), list(node.outputs), dict(node.attrs), node.name)
+
+
 def _simplified_layer_norm_grad(ctx: NodeContext):
     dy, x = ctx.type(0), ctx.type(1)
     if dy != x:
@@ -287,6 +304,10 @@ OPS = (
             vjp=_quick_gelu_vjp),
     grad_op("QuickGeluGrad", _typed(_quick_gelu_grad), "dX = dY * s (1 + alpha X (1 - s)), s = Sigmoid(alpha X)",
             {"alpha": QUICK_GELU_ALPHA}),
+    OpDef("RMSNormalization", _rms_norm, since=23, kind="lowered", fold=_rms_norm_fold, vjp=_sln_vjp,
+          train_form=_rms_norm_train_form, attrs=LAYER_NORM_ATTRS,
+          doc="Y = X / sqrt(mean(X^2 over axis..) + epsilon) * scale, scale of X's normalized shape; trains as "
+              "SimplifiedLayerNormalization"),
     OpDef("SimplifiedLayerNormalization", _simplified_layer_norm, since=1, kind="lowered", fold=_sln_fold,
           vjp=_sln_vjp, grad_outputs=2, attrs=LAYER_NORM_ATTRS,
           doc="onnxruntime's RMS normalization (its ai.onnx-domain contrib op): Y = X / sqrt(mean(X^2 over axis..) "

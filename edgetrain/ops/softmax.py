@@ -1,6 +1,10 @@
-"""Softmax, LogSoftmax (opset 13 semantics: one axis, default -1) and SoftmaxCrossEntropyLoss.
+"""Softmax, LogSoftmax (opset 13 semantics: one axis, default -1), SoftmaxCrossEntropyLoss and
+NegativeLogLikelihoodLoss.
 
 Each is one fused kernel (max, sum of exponentials, normalize) in ``edgetrain.kernels.softmax``.
+NegativeLogLikelihoodLoss is SoftmaxCrossEntropyLoss over scores that already are log-probabilities: one
+kernel serves both, and its gradient ai.edgetrain NegativeLogLikelihoodLossGrad (onnxruntime has none) is
+SoftmaxCrossEntropyLossGrad without the softmax term.
 """
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from ..ir.dtypes import FLOATS, INTS
 from .attrs import Int, String
 from .base import NodeContext, OpDef, axis_view, normalize_axis
 
+EDGETRAIN = "ai.edgetrain"
 REDUCTIONS = ("none", "sum", "mean")
 AXIS = {"axis": Int(-1)}
 SCE_ATTRS = {"ignore_index": Int(), "reduction": String("mean", REDUCTIONS)}
@@ -41,7 +46,8 @@ def sce_reduction(ctx: NodeContext) -> str:
     return ctx.attr("reduction")
 
 
-def _softmax_cross_entropy(ctx: NodeContext):
+def _label_loss(ctx: NodeContext, max_outputs: int) -> list[TensorType]:
+    """Loss [, log_prob] of SoftmaxCrossEntropyLoss (scores) or NegativeLogLikelihoodLoss (log-probabilities)."""
     scores, labels = ctx.type(0), ctx.type(1)
     if len(scores.shape) < 2:
         raise ctx.error(f"scores must have shape [N, C] or [N, C, D1, ...], got {scores.shape}")
@@ -57,10 +63,19 @@ def _softmax_cross_entropy(ctx: NodeContext):
         if w.dtype != scores.dtype or tuple(w.shape) != (scores.shape[1],):
             raise ctx.error(f"weights must be {TensorType(scores.dtype, (scores.shape[1],))}, got {w}")
     reduction = sce_reduction(ctx)
-    if len(ctx.node.outputs) > 2:
-        raise ctx.error("SoftmaxCrossEntropyLoss has at most 2 outputs (loss, log_prob)")
+    if len(ctx.node.outputs) > max_outputs:
+        raise ctx.error(f"{ctx.node.op_type} has at most {max_outputs} output(s)"
+                        + (" (loss, log_prob)" if max_outputs > 1 else " (loss)"))
     loss = TensorType(scores.dtype, want if reduction == "none" else ())
     return [loss, scores][:max(1, len(ctx.node.outputs))]
+
+
+def _softmax_cross_entropy(ctx: NodeContext):
+    return _label_loss(ctx, 2)
+
+
+def _nll(ctx: NodeContext):
+    return _label_loss(ctx, 1)
 
 
 def _sce_attrs(g) -> dict:
@@ -74,6 +89,13 @@ def _sce_vjp(g, dys):
     """d scores = (softmax - onehot(label)) * w[label] * dloss (/ sum of weights for mean)."""
     inputs = [dys[0], g.y(1), g.x(1)] + ([g.x(2)] if len(g.node.inputs) > 2 and g.node.inputs[2] else [])
     return [g.emit("SoftmaxCrossEntropyLossGrad", inputs, _sce_attrs(g), "com.microsoft"), None, None]
+
+
+def _nll_vjp(g, dys):
+    """d input = -onehot(label) * w[label] * dloss (/ sum of weights for mean): reads the input only for its
+    shape, as the kernel's size."""
+    inputs = [dys[0], g.x(0), g.x(1)] + ([g.x(2)] if len(g.node.inputs) > 2 and g.node.inputs[2] else [])
+    return [g.emit("NegativeLogLikelihoodLossGrad", inputs, _sce_attrs(g), EDGETRAIN), None, None]
 
 
 def _softmax_vjp(grad_op: str):
@@ -115,6 +137,11 @@ OPS = (
     OpDef("LogSoftmaxGrad_13", _softmax_grad, domain="com.microsoft", since=1, kernel="softmax.log_softmax_grad",
           attrs=AXIS,
           doc="dX = dY - exp(Y) * sum(dY) along axis"),
+    OpDef("NegativeLogLikelihoodLoss", _nll, since=13, kernel="softmax.nll_loss", vjp=_nll_vjp, attrs=SCE_ATTRS,
+          doc="input: log-probabilities [N, C, D...]; reduction none/sum/mean, optional weight and ignore_index"),
+    OpDef("NegativeLogLikelihoodLossGrad", _sce_grad, domain=EDGETRAIN, since=1, kernel="softmax.nll_loss_grad",
+          attrs=SCE_ATTRS,
+          doc="inputs dY, input, target[, weight]: d input = -onehot * w * dY (/ sum w for mean)"),
     OpDef("Softmax", _softmax, since=13, kernel="softmax.softmax", workspace=_softmax_workspace,
           vjp=_softmax_vjp("SoftmaxGrad_13"), attrs=AXIS),
     OpDef("SoftmaxCrossEntropyLoss", _softmax_cross_entropy, since=13, kernel="softmax.softmax_cross_entropy",

@@ -405,6 +405,7 @@ def _fused(core_type: str, n_inputs: int, attr_names):
 
 RULES.update({("com.microsoft", "ConcatTraining"): _concat_training, ("com.microsoft", "DivGrad"): _div_grad,
               ("", "SimplifiedLayerNormalization"): _simplified_layer_norm,
+              ("", "RMSNormalization"): _simplified_layer_norm,
               ("com.microsoft", "SimplifiedLayerNormalizationGrad"): _simplified_layer_norm_grad,
               ("com.microsoft", "ConvTransposeGrad"): _conv_transpose_grad,
               ("com.microsoft", "SoftmaxCrossEntropyLossInternal"): _sce_internal,
