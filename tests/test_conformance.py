@@ -8,7 +8,7 @@ import collections
 
 import pytest
 
-from tests import conformance
+import conformance
 
 EXPECTED = conformance.read_expected()
 

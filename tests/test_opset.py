@@ -7,7 +7,7 @@ from onnx import helper
 
 import edgetrain
 from edgetrain.errors import UnsupportedOpError
-from tests.oracle import model, run_edgetrain, run_onnxruntime
+from oracle import model, run_edgetrain, run_onnxruntime
 
 rng = np.random.default_rng(0)
 X = rng.standard_normal((2, 3, 4)).astype(np.float32)

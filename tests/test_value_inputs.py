@@ -6,7 +6,7 @@ from onnx import helper
 
 import edgetrain
 from edgetrain.errors import ShapeError
-from tests.oracle import model, run_onnxruntime
+from oracle import model, run_onnxruntime
 
 
 def test_reshape_shape_and_range_limit_fed_at_run_time():
