@@ -205,6 +205,10 @@ def _plain_arrays(io: _ModelIO, user_inputs) -> tuple[np.ndarray, ...]:
     return tuple(arrays)
 
 
+def _as_ort_value(a: np.ndarray) -> OrtValue:
+    return np.array(a).view(OrtValue)
+
+
 def _running_stats(graph: Graph) -> list[tuple[str, str]]:
     """(updated running statistic output, frozen parameter it replaces) for training-mode batch norms."""
     pairs = []
@@ -375,14 +379,14 @@ class Module:
             step = "TrainStep" if self.training else "EvalStep"
             raise NominalStateError(f"Cannot perform {step} with a nominal state. Please load the model parameters "
                                     "first. (copy_buffer_to_parameters(buffer, trainable_only=False))")
-        ort_values = bool(user_inputs) and not any(isinstance(x, np.ndarray) and not isinstance(x, OrtValue)
-                                                   for x in user_inputs)
         if len(user_inputs) != len(io.user_inputs):
             raise InputError(f"the {'training' if self.training else 'eval'} model takes {len(io.user_inputs)} "
                              f"input(s) {io.user_inputs}, got {len(user_inputs)}")
         # inputs of a shape and type seen before were validated then: skip straight to the program
         key = (id(io), *((x.shape, x.dtype) if type(x) is np.ndarray else None for x in user_inputs))
+        ort_values = False   # plain arrays in (the steady path): plain arrays out
         if None in key:      # a subclass (np.memmap, ...) or no array: key its plain-ndarray view, never its id
+            ort_values = not any(isinstance(x, np.ndarray) and not isinstance(x, OrtValue) for x in user_inputs)
             user_inputs = _plain_arrays(io, user_inputs)
             key = (id(io), *((x.shape, x.dtype) for x in user_inputs))
         bound = self._bound.get(key)
@@ -395,7 +399,7 @@ class Module:
         else:
             outs = bound.program.run(inputs)
             check_loss(outs, bound.results[0], io.outputs[0])
-        wrap = (lambda a: np.array(a).view(OrtValue)) if ort_values else np.array
+        wrap = _as_ort_value if ort_values else np.array
         if len(bound.results) == 1:
             return wrap(outs[bound.results[0]])
         return [wrap(outs[k]) for k in bound.results]
