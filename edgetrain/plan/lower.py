@@ -207,27 +207,6 @@ def _gemm_reading(e: _Emitter, b: Bound, folded: dict[str, str]) -> None:
     e.emit(node, "FusedMatMul", inputs, list(node.outputs), [ctx.out(0)], attrs, "com.microsoft")
 
 
-RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "ConvTranspose"): _conv, ("", "Dropout"): _dropout,
-         ("", "BatchNormalization"): _batch_norm_inference, ("", "CastLike"): _cast_like,
-         ("", "Sum"): _variadic, ("", "Mean"): _variadic, ("", "Max"): _variadic, ("", "Min"): _variadic}
-
-
-def lower(spec: Specialized) -> Specialized:
-    e = _Emitter(spec)
-    folded = foldable_transposes(spec)
-    for b in spec.nodes:
-        if b.op.key == ("", "Transpose") and b.node.outputs[0] in folded:
-            continue
-        if b.op.key in GEMMS and any(x in folded for x in b.node.inputs[:2]):
-            _gemm_reading(e, b, folded)
-            continue
-        rule = RULES.get(b.op.key)
-        if rule is None or not rule(e, b):
-            e.nodes.append(b)
-    spec.nodes = e.nodes
-    return spec
-
-
 # --- onnxruntime's training vocabulary (edgetrain.ops.ort_training) ----------------------------------------
 
 def _reduced_to(e: _Emitter, src: Node, x: str, x_type: TensorType, shape: tuple, name: str) -> None:
@@ -403,12 +382,33 @@ def _fused(core_type: str, n_inputs: int, attr_names):
     return rule
 
 
-RULES.update({("com.microsoft", "ConcatTraining"): _concat_training, ("com.microsoft", "DivGrad"): _div_grad,
-              ("", "SimplifiedLayerNormalization"): _simplified_layer_norm,
-              ("", "RMSNormalization"): _simplified_layer_norm,
-              ("com.microsoft", "SimplifiedLayerNormalizationGrad"): _simplified_layer_norm_grad,
-              ("com.microsoft", "ConvTransposeGrad"): _conv_transpose_grad,
-              ("com.microsoft", "SoftmaxCrossEntropyLossInternal"): _sce_internal,
-              ("com.microsoft", "SoftmaxCrossEntropyLossInternalGrad"): _sce_internal})
-RULES.update({("com.microsoft", "FusedGemm"): _fused("Gemm", 3, ("alpha", "beta", "transA", "transB")),
-              ("com.microsoft", "FusedConv"): _fused("Conv", 3, tuple(CONV_ATTRS))})
+# One table of lowering rules, keyed by (domain, op): a rule emits the lowered nodes and returns True, or
+# returns False to keep the node as it is.
+RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "ConvTranspose"): _conv, ("", "Dropout"): _dropout,
+         ("", "BatchNormalization"): _batch_norm_inference, ("", "CastLike"): _cast_like,
+         ("", "Sum"): _variadic, ("", "Mean"): _variadic, ("", "Max"): _variadic, ("", "Min"): _variadic,
+         ("", "SimplifiedLayerNormalization"): _simplified_layer_norm,
+         ("", "RMSNormalization"): _simplified_layer_norm,
+         ("com.microsoft", "ConcatTraining"): _concat_training, ("com.microsoft", "DivGrad"): _div_grad,
+         ("com.microsoft", "SimplifiedLayerNormalizationGrad"): _simplified_layer_norm_grad,
+         ("com.microsoft", "ConvTransposeGrad"): _conv_transpose_grad,
+         ("com.microsoft", "SoftmaxCrossEntropyLossInternal"): _sce_internal,
+         ("com.microsoft", "SoftmaxCrossEntropyLossInternalGrad"): _sce_internal,
+         ("com.microsoft", "FusedGemm"): _fused("Gemm", 3, ("alpha", "beta", "transA", "transB")),
+         ("com.microsoft", "FusedConv"): _fused("Conv", 3, tuple(CONV_ATTRS))}
+
+
+def lower(spec: Specialized) -> Specialized:
+    e = _Emitter(spec)
+    folded = foldable_transposes(spec)
+    for b in spec.nodes:
+        if b.op.key == ("", "Transpose") and b.node.outputs[0] in folded:
+            continue
+        if b.op.key in GEMMS and any(x in folded for x in b.node.inputs[:2]):
+            _gemm_reading(e, b, folded)
+            continue
+        rule = RULES.get(b.op.key)
+        if rule is None or not rule(e, b):
+            e.nodes.append(b)
+    spec.nodes = e.nodes
+    return spec
