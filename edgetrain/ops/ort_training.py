@@ -33,6 +33,7 @@ from .attrs import Flag, Float, Floats, Int, Ints, String
 from .base import ANY, NodeContext, OpDef, broadcast_shapes, normalize_axis
 from .conv import CONV_ATTRS, CONV_TRANSPOSE_ATTRS
 from .conv import OPS as CONV_OPS
+from .elementwise import OPS as ELEMENTWISE_OPS
 from .elementwise import ew, grad_op
 from .matmul import OPS as MATMUL_OPS
 from .normalization import LAYER_NORM_ATTRS, layer_norm_axis, stash_dtype
@@ -390,10 +391,10 @@ CORE = {op.op_type: op for op in MATMUL_OPS + CONV_OPS if op.op_type in ("Gemm",
 # what ORT's kernels accept: FusedGemm's element-wise functors, FusedConv's MLAS activations
 GEMM_ACTIVATIONS = ("Elu", "HardSigmoid", "LeakyRelu", "Relu", "Selu", "Sigmoid", "Softplus", "Tanh")
 CONV_ACTIVATIONS = ("Clip", "HardSigmoid", "LeakyRelu", "Relu", "Sigmoid", "Tanh")
-# the edgetrain attribute each activation parameter becomes, in order, with ONNX's defaults
-ACTIVATION_PARAMS = {"Elu": (("alpha", 1.0),), "HardSigmoid": (("alpha", 0.2), ("beta", 0.5)),
-                     "LeakyRelu": (("alpha", 0.01),),
-                     "Selu": (("alpha", 1.67326319217681884765625), ("gamma", 1.05070102214813232421875))}
+# the edgetrain attribute each activation parameter becomes, in order, with the defaults the activation op declares
+_ACTIVATION_OPS = {op.op_type: op for op in ELEMENTWISE_OPS if op.domain == ""}
+ACTIVATION_PARAMS = {name: tuple((p, a.default) for p, a in _ACTIVATION_OPS[name].attrs.items())
+                     for name in sorted(set(GEMM_ACTIVATIONS + CONV_ACTIVATIONS) - {"Clip"})}
 GEMM_ONLY = ("alpha", "beta", "transA", "transB")
 
 
