@@ -128,7 +128,7 @@ class _Inliner:
             inferred = self.model.graph
         types = {t.name: helper.make_tensor_type_proto(t.data_type, list(t.dims)) for t in inferred.initializer}
         for vi in (*inferred.input, *inferred.value_info, *inferred.output):
-            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            if vi.type.WhichOneof("value"):
                 types[vi.name] = vi.type
         return types
 
@@ -143,14 +143,18 @@ class _Inliner:
         defaults = {name: a.default_value for name, a in s.attributes.items() if a.default_value.name}
         f = onnx.FunctionProto()
         if s.has_function:
-            version = _newest_at_most(s.function_opset_versions, opset) or s.since_version
+            # the body for the model's opset; an op whose only body needs a newer opset (Shrink's, 18, at
+            # opset 9) gets that, and check_opsets decides whether it means the same at the model's
+            version = _newest_at_most(s.function_opset_versions, opset) or min(s.function_opset_versions)
             f.ParseFromString(s.get_function_with_opset_version(version))
-            return f, defaults
+            if f.node:
+                return f, defaults
+            raise UnsupportedOpError(f"{self.label(n)}: onnx has no function body for it at opset {opset}")
         missing = [x for x in n.input if x and x not in types]
         if missing:
             raise UnsupportedOpError(f"{self.label(n)}: edgetrain runs it through its ONNX function body, which "
-                                     f"is built for the input types, and the type of input '{missing[0]}' is "
-                                     "unknown (declare it in the model's value_info)")
+                                     f"is built for the input types, and onnx's shape inference finds no type "
+                                     f"for input '{missing[0]}' (declare it in the model's value_info)")
         input_types = [(types[x] if x else onnx.TypeProto()).SerializeToString() for x in n.input]
         version = _newest_at_most(s.context_dependent_function_opset_versions, opset) or s.since_version
         try:
@@ -182,6 +186,8 @@ class _Inliner:
                 if _domain(inner.domain) != d or (d == "" and inner.op_type in COMPATIBLE):
                     continue
                 old, new = _schema(inner.op_type, d, version), _schema(inner.op_type, d, target)
+                if new is None and d == "" and version >= TARGET:
+                    continue    # an op newer than the model's opset is read in its one (13+) form
                 if old is not None and (new is None or old.since_version != new.since_version):
                     raise UnsupportedOpError(
                         f"{self.label(n)}: its ONNX function body uses {inner.op_type} as defined at opset "
