@@ -52,13 +52,24 @@ def function_ops() -> list[tuple[str, str, bool, tuple[str, ...]]]:
         key = (_domain(s.domain), s.name)
         if key in OP_TABLE or s.deprecated or not (s.has_function or s.has_context_dependent_function):
             continue
-        missing = ()
-        if s.has_function:
-            missing = tuple(sorted({n.op_type for n in s.function_body.node
-                                    if (_domain(n.domain), n.op_type) not in OP_TABLE
-                                    and not is_function_op(n.op_type, n.domain, s.since_version)}))
+        body = s.function_body if s.has_function else _sample_body(s)
+        missing = tuple(sorted({n.op_type for n in body.node if (_domain(n.domain), n.op_type) not in OP_TABLE
+                                and not is_function_op(n.op_type, n.domain, s.since_version)}))
         found.append((*key, not s.has_function, missing))
     return sorted(found)
+
+
+def _sample_body(s) -> onnx.FunctionProto:
+    """A context-dependent body as built for float inputs of unknown shape (empty if onnx builds none)."""
+    node = helper.make_node(s.name, [f"x{i}" for i in range(s.min_input)], ["y"], domain=s.domain)
+    types = [helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, None).SerializeToString()] * s.min_input
+    body = onnx.FunctionProto()
+    try:
+        body.ParseFromString(s.get_context_dependent_function_with_opset_version(s.since_version,
+                                                                                 node.SerializeToString(), types))
+    except Exception:  # noqa: BLE001 - a builder that needs other types: the listing says nothing of its ops
+        pass
+    return body
 
 
 def _newest_at_most(versions, opset: int) -> int | None:
