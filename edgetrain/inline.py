@@ -45,8 +45,9 @@ def is_function_op(op_type: str, domain: str, opset: int | None) -> bool:
 
 
 def function_ops() -> list[tuple[str, str, bool, tuple[str, ...]]]:
-    """(domain, op, whether its body is built for the input types, ops its plain body needs that edgetrain
-    lacks) of every op the installed onnx defines (newest version) by a function body and the table lacks."""
+    """(domain, op, whether its body is built for the input types, ops its body needs that edgetrain lacks) of
+    every op the installed onnx defines (newest version) by a function body and the table lacks. A body built
+    for the input types is sampled with float inputs; one onnx builds only for other types lists no ops."""
     found = []
     for s in onnx.defs.get_all_schemas():
         key = (_domain(s.domain), s.name)
@@ -82,9 +83,7 @@ class _Inliner:
         self.model = model
         self.opsets = {_domain(o.domain): o.version for o in model.opset_import}
         self.local = {(_domain(f.domain), f.name): f for f in model.functions}
-        g = model.graph
-        self.taken = ({v.name for v in g.input} | {v.name for v in g.output} | {t.name for t in g.initializer}
-                      | {n.name for n in g.node} | {x for n in g.node for x in (*n.input, *n.output)})
+        self.taken: set[str] = set()        # value and node names in use (filled by run)
         self.origin: dict[str, str] = {}     # inner node name -> the model's node it came from
 
     def fresh(self, base: str) -> str:
@@ -97,7 +96,8 @@ class _Inliner:
 
     def expandable(self, n: onnx.NodeProto) -> bool:
         key = (_domain(n.domain), n.op_type)
-        return key not in OP_TABLE and (key in self.local or is_function_op(n.op_type, key[0], self.opsets.get(key[0])))
+        return key not in OP_TABLE and (key in self.local
+                                         or is_function_op(n.op_type, key[0], self.opsets.get(key[0])))
 
     def label(self, n: onnx.NodeProto) -> str:
         domain = _domain(n.domain)
@@ -106,6 +106,8 @@ class _Inliner:
 
     def run(self) -> onnx.ModelProto:
         g = self.model.graph
+        self.taken = ({v.name for v in g.input} | {v.name for v in g.output} | {t.name for t in g.initializer}
+                      | {n.name for n in g.node} | {x for n in g.node for x in (*n.input, *n.output)})
         for i, n in enumerate(g.node):
             if not n.name:
                 n.name = self.fresh(f"{n.op_type}_{i}")
@@ -208,10 +210,10 @@ class _Inliner:
         f, defaults = self.body(n, types)
         self.check_opsets(n, f)
         origin = self.label(n)
-        rename = {formal: (actual if k < len(n.input) else "") for k, (formal, actual) in
-                  enumerate(zip(f.input, list(n.input) + [""] * len(f.input)))}
-        rename.update({formal: (n.output[k] if k < len(n.output) and n.output[k] else self.fresh(f"{n.name}/{formal}"))
-                       for k, formal in enumerate(f.output)})
+        rename = {formal: (n.input[k] if k < len(n.input) else "") for k, formal in enumerate(f.input)}
+        for k, formal in enumerate(f.output):     # an omitted optional output: a fresh name, pruned if unused
+            given_output = n.output[k] if k < len(n.output) else ""
+            rename[formal] = given_output or self.fresh(f"{n.name}/{formal}")
         given = {a.name: a for a in n.attribute}
         out = []
         for inner in f.node:

@@ -98,7 +98,8 @@ def _sdpa(torch, nn, rng):
         def __init__(self, d=16, heads=2):
             super().__init__()
             # (in, out) weights used as x @ w: no transpose for the dynamo exporter to fold into a new constant
-            self.w_qkv, self.w_out = nn.Parameter(0.3 * torch.randn(d, 3 * d)), nn.Parameter(0.3 * torch.randn(d, 5))
+            self.w_qkv = nn.Parameter(0.3 * torch.randn(d, 3 * d))
+            self.w_out = nn.Parameter(0.3 * torch.randn(d, 5))
             self.heads = heads
 
         def forward(self, x):
@@ -129,7 +130,8 @@ def _recurrent(kind: str):
 
 
 BUILDERS = {"cnn_bn_dropout": _cnn, "conv_autoencoder": _autoencoder, "mobilenet_style": _mobilenet,
-            "small_gpt": _gpt, "sdpa_attention": _sdpa, "lstm_2layer": _recurrent("LSTM"), "gru_2layer": _recurrent("GRU")}
+            "small_gpt": _gpt, "sdpa_attention": _sdpa, "lstm_2layer": _recurrent("LSTM"),
+            "gru_2layer": _recurrent("GRU")}
 
 
 def build(name: str, seed: int = 0) -> Workload:

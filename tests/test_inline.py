@@ -23,7 +23,8 @@ def _model(op, inputs, outputs, opset, attrs=None, domain=""):
            for n, a in inputs.items() if n]
     outs = [helper.make_tensor_value_info(n, FLOAT, None) for n in outputs]
     node = helper.make_node(op, list(inputs), outputs, name="the_node", domain=domain, **(attrs or {}))
-    return helper.make_model(helper.make_graph([node], "g", vis, outs), opset_imports=[helper.make_opsetid("", opset)])
+    return helper.make_model(helper.make_graph([node], "g", vis, outs),
+                             opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _both(model, feeds):
@@ -81,7 +82,8 @@ def _attention_case(name, rng):
     elif name == "scale_softcap":
         attrs = {"scale": 0.7, "softcap": 2.0}
     elif name == "past_key_value":
-        inputs.update(mask=_rand(rng, S, L + 2), past_key=_rand(rng, B, QH, 2, H), past_value=_rand(rng, B, QH, 2, H))
+        inputs.update(mask=_rand(rng, S, L + 2), past_key=_rand(rng, B, QH, 2, H),
+                      past_value=_rand(rng, B, QH, 2, H))
         outputs = ["Y", "present_key", "present_value"]
     return inputs, outputs, attrs
 

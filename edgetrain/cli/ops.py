@@ -40,6 +40,6 @@ def run(args) -> int:
             lacks = f"; needs {', '.join(missing)} (not supported)" if missing else ""
             print(f"{op:{width}}  {domain}  {how}{lacks}")
 
-    print(f"{len(rows)} ops, {len(bodies)} more through their function body; models load at ai.onnx opsets {SUPPORTED_ONNX_OPSETS.start}-"
-          f"{SUPPORTED_ONNX_OPSETS.stop - 1} (those before 13 brought to their opset-13 form)")
+    print(f"{len(rows)} ops, {len(bodies)} more through their function body; models load at ai.onnx opsets "
+          f"{SUPPORTED_ONNX_OPSETS.start}-{SUPPORTED_ONNX_OPSETS.stop - 1} (those before 13 brought to their opset-13 form)")
     return 0
