@@ -146,22 +146,36 @@ def test_body_with_an_unsupported_op_is_refused_naming_the_node(monkeypatch):
         to_graph(_model("Attention", inputs, outputs, 23, attrs))
 
 
-def _local_function(body_op="Softsign", calls="Softsign"):
-    """A model calling model-local function local.F, whose body applies ``calls`` (possibly F itself)."""
-    f = helper.make_function("local", "F", ["a"], ["b"], [helper.make_node(calls, ["a"], ["b"],
-                             domain="local" if calls == "F" else "")],
-                             [helper.make_opsetid("", 22), helper.make_opsetid("local", 1)])
+def _local_function(calls="Softsign"):
+    """A model calling model-local function local.F, whose body applies ``calls`` (possibly F itself) with
+    attribute alpha referring to F's (default 0.5)."""
+    inner = helper.make_node(calls, ["a"], ["b"], domain="local" if calls == "F" else "")
+    if calls == "Swish":
+        inner.attribute.append(helper.make_attribute_ref("alpha", onnx.AttributeProto.FLOAT))
+    f = helper.make_function("local", "F", ["a"], ["b"], [inner],
+                             [helper.make_opsetid("", 24), helper.make_opsetid("local", 1)],
+                             attribute_protos=[helper.make_attribute("alpha", 0.5)])
     x = helper.make_tensor_value_info("x", FLOAT, [4])
     g = helper.make_graph([helper.make_node("F", ["x"], ["y"], name="the_call", domain="local")], "g", [x],
                           [helper.make_tensor_value_info("y", FLOAT, [4])])
-    return helper.make_model(g, functions=[f], opset_imports=[helper.make_opsetid("", 22),
+    return helper.make_model(g, functions=[f], opset_imports=[helper.make_opsetid("", 24),
                                                               helper.make_opsetid("local", 1)])
 
 
-def test_model_local_function_is_inlined():
+@pytest.mark.parametrize("calls", ["Softsign", "Swish"])
+def test_model_local_function_is_inlined(calls):
+    """Swish: a function op inside a local function (two levels), its alpha from the function's default."""
     x = np.linspace(-2, 2, 4, dtype=np.float32)
-    (got,), (want,) = _both(_local_function(), {"x": x})
+    (got,), (want,) = _both(_local_function(calls), {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_nested_refusal_names_the_models_node(monkeypatch):
+    from edgetrain.ops import OP_TABLE
+
+    monkeypatch.delitem(OP_TABLE, ("", "Sigmoid"))       # Swish's body needs it
+    with pytest.raises(UnsupportedOpError, match=r"node 'the_call' \(F, local.*needs op 'Sigmoid'"):
+        to_graph(_local_function("Swish"))
 
 
 def test_recursive_function_is_refused_at_the_depth_limit():
