@@ -10,6 +10,7 @@ from onnx import numpy_helper
 from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
 from . import atomic, opset
+from .inline import inline_functions
 from .errors import ModelLoadError, UnsupportedOpError
 from .ir import Graph, Node, SequenceType, TensorType, Value
 from .ir.dtypes import to_numpy, to_onnx
@@ -112,6 +113,7 @@ def to_graph(model) -> Graph:
         raise UnsupportedOpError(f"model imports ai.onnx opset {onnx_opset}; supported opsets are "
                                  f"{SUPPORTED_ONNX_OPSETS.start}-{SUPPORTED_ONNX_OPSETS.stop - 1} "
                                  "(those the installed onnx package defines)")
+    proto = inline_functions(proto)     # ops ONNX defines by a function body the table lacks: their body
     g = proto.graph
     initializers = {}
     for t in g.initializer:

@@ -15,6 +15,7 @@ class Workload:
     labels: np.ndarray
     loss: str                     # edgetrain.artifacts.LossType member name
     dynamic: dict[str, dict[int, str]]   # input -> {axis: name}: the axes exported as dynamic
+    opset: int | None = None      # the dynamo exporter's opset (None: its default)
 
 
 def _cnn(torch, nn, rng):
@@ -90,6 +91,26 @@ def _gpt(torch, nn, rng):
                     {"idx": {0: "batch"}})
 
 
+def _sdpa(torch, nn, rng):
+    """A causal self-attention block through ``F.scaled_dot_product_attention``: at opset 23 the dynamo exporter
+    writes ONNX's Attention op, which edgetrain runs through its function body (edgetrain.inline)."""
+    class SDPA(nn.Module):
+        def __init__(self, d=16, heads=2):
+            super().__init__()
+            # (in, out) weights used as x @ w: no transpose for the dynamo exporter to fold into a new constant
+            self.w_qkv = nn.Parameter(0.3 * torch.randn(d, 3 * d))
+            self.w_out = nn.Parameter(0.3 * torch.randn(d, 5))
+            self.heads = heads
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (x @ self.w_qkv).split(c, 2))
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return (y.transpose(1, 2).reshape(b, t, c) @ self.w_out).reshape(b * t, -1)
+    x = rng.standard_normal((3, 6, 16)).astype(np.float32)
+    return Workload("sdpa_attention", SDPA(), {"x": x}, rng.integers(0, 5, 18), "CrossEntropyLoss", {}, opset=23)
+
+
 def _recurrent(kind: str):
     """A 2-layer LSTM/GRU keyword or time-series classifier (batch first), reading the last step's output."""
     def make(torch, nn, rng):
@@ -109,7 +130,8 @@ def _recurrent(kind: str):
 
 
 BUILDERS = {"cnn_bn_dropout": _cnn, "conv_autoencoder": _autoencoder, "mobilenet_style": _mobilenet,
-            "small_gpt": _gpt, "lstm_2layer": _recurrent("LSTM"), "gru_2layer": _recurrent("GRU")}
+            "small_gpt": _gpt, "sdpa_attention": _sdpa, "lstm_2layer": _recurrent("LSTM"),
+            "gru_2layer": _recurrent("GRU")}
 
 
 def build(name: str, seed: int = 0) -> Workload:
@@ -133,4 +155,4 @@ def export(w: Workload, path, exporter: str) -> None:
         shapes = tuple({axis: torch.export.Dim(label) for axis, label in w.dynamic.get(k, {}).items()}
                        for k in names)
         torch.onnx.export(w.model, args, str(path), dynamo=True, input_names=names, output_names=["output"],
-                          dynamic_shapes=shapes, verbose=False)
+                          dynamic_shapes=shapes, verbose=False, opset_version=w.opset)

@@ -1,8 +1,9 @@
 """ONNX's node conformance suite through edgetrain.InferenceSession (tests/conformance.py): every case whose ops
-are in the table passes or has the outcome tests/conformance_expected.txt lists; none crashes or is wrong.
+are in the table (or run through their ONNX function body) passes or has the outcome
+tests/conformance_expected.txt lists; none crashes or is wrong.
 
-One process, one kernel cache. Measured on 2 busy cores: onnx generating its cases ~28 s, then the ~1,270 cases
-in the table ~15 s with a warm kernel cache (about a minute cold). Cases are collected when the first test runs,
+One process, one kernel cache. Measured on 2 busy cores: onnx generating its cases ~28 s, then the ~1,590 cases
+~15 s with a warm kernel cache (about a minute cold). Cases are collected when the first test runs,
 not when pytest collects, so runs of other files do not pay for them."""
 import collections
 

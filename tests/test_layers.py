@@ -16,7 +16,7 @@ LAYERS = [
     {"config", "budget", "reading", "ir", "ortvalue", "ortformat_schema", "ort_schemas"},
     {"atomic", "ops", "opset", "onnx_wire"},
     {"checkpoint", "plan"},
-    {"ortformat"},                      # reads .ort files with checkpoint's bounds-checked flatbuffer views
+    {"ortformat", "inline"},            # ortformat reads .ort files with checkpoint's bounds-checked flatbuffer views
     {"onnx_io"},
     {"autodiff", "compact", "kernels", "ortformat_writer"},
     {"codegen", "onnxblock"},

@@ -202,6 +202,10 @@ def output_gradient_graph(graph: Graph, outputs: list[str], wrt: list[str]) -> t
     return backward.verify(), saved
 
 
+def _differentiable(t) -> bool:
+    return not isinstance(t, TensorType) or t.dtype.kind in "fc"
+
+
 def _depends(graph: Graph, wrt) -> set[str]:
     """Values that depend on one of ``wrt`` (forward reachability)."""
     depends = set(wrt)
@@ -241,7 +245,8 @@ def _backward(graph: Graph, loss: str | None, wrt: list[str], strict: bool = Tru
         dys = [_total(walk, grads.pop(o, None), o) if o else None for o in node.outputs]
         if all(d is None for d in dys):
             continue
-        needs = [bool(i) and i in depends for i in node.inputs]
+        # integer and bool values (shapes, indices, masks) carry no gradient, whatever they were computed from
+        needs = [bool(i) and i in depends and _differentiable(types.get(i)) for i in node.inputs]
         if not any(needs):
             continue
         opset = graph.opset(node.domain)

@@ -1,5 +1,6 @@
 """List the ops edgetrain runs: domain, the ONNX definition (since-version) it implements, element types, and
-whether it has a gradient rule (can be trained through)."""
+whether it has a gradient rule (can be trained through); then the ops it runs through their ONNX function body
+(edgetrain.inline), with the body's ops they need that edgetrain lacks."""
 from __future__ import annotations
 
 
@@ -25,8 +26,20 @@ def run(args) -> int:
     print(f"{'op':{widths[0]}}  {'domain':{widths[1]}}  {'since':{widths[2]}}  {'gradient':{widths[3]}}  types")
     for r in rows:
         print(f"{r[0]:{widths[0]}}  {r[1]:{widths[1]}}  {r[2]:{widths[2]}}  {r[3]:{widths[3]}}  {r[4]}")
+    from ..inline import function_ops
     from ..onnx_io import SUPPORTED_ONNX_OPSETS
 
-    print(f"{len(rows)} ops; models load at ai.onnx opsets {SUPPORTED_ONNX_OPSETS.start}-"
-          f"{SUPPORTED_ONNX_OPSETS.stop - 1} (those before 13 brought to their opset-13 form)")
+    bodies = [(op, domain or "ai.onnx", ctx, missing) for domain, op, ctx, missing in function_ops()
+              if not args.domain or (domain or "ai.onnx") == args.domain]
+    if bodies:
+        print("\nops run through their ONNX function body (gradients from the body's ops; the ops the body needs "
+              "must be above):")
+        width = max(len(b[0]) for b in bodies)
+        for op, domain, ctx, missing in bodies:
+            how = "function body built for the node's types and attributes" if ctx else "function body"
+            lacks = f"; needs {', '.join(missing)} (not supported)" if missing else ""
+            print(f"{op:{width}}  {domain}  {how}{lacks}")
+
+    print(f"{len(rows)} ops, {len(bodies)} more through their function body; models load at ai.onnx opsets "
+          f"{SUPPORTED_ONNX_OPSETS.start}-{SUPPORTED_ONNX_OPSETS.stop - 1} (those before 13 brought to their opset-13 form)")
     return 0
