@@ -12,6 +12,7 @@ from ..ir import TensorType
 from ..ir.dtypes import FLOATS, INTS
 from .attrs import Flag, Int, Ints
 from .base import NodeContext, OpDef, normalize_axis
+from .softmax import EDGETRAIN
 
 # the axes attribute is the pre-opset-18 form (ReduceSum: pre-13); later opsets take them as an input
 REDUCE_ATTRS = {"axes": Ints(), "keepdims": Flag(1), "noop_with_empty_axes": Flag(0)}
@@ -224,9 +225,9 @@ def _cumsum_vjp(g, dys):
 
 def _cumprod_vjp(g, dys):
     """dX_k = (product of the x before k) * sum over the y_j that hold x_k of dY_j * (product of the x after k
-    up to j), computed by a backward recurrence without dividing by x (edgetrain's CumProdGrad: ORT has none)."""
+    up to j), computed by a backward recurrence without dividing by x (ai.edgetrain CumProdGrad: ORT has none)."""
     return [g.emit("CumProdGrad", [dys[0], g.x(0), g.x(1)], {"exclusive": g.attr("exclusive"),
-                                                               "reverse": g.attr("reverse")}, "edgetrain"), None]
+                                                               "reverse": g.attr("reverse")}, EDGETRAIN), None]
 
 
 def _cumprod_grad(ctx: NodeContext):
@@ -314,7 +315,7 @@ OPS = (
     OpDef("CumProd", _cumsum, since=26, kernel="reduce.cumprod", fold=_cumsum_fold, dtypes=FLOATS + INTS,
           vjp=_cumprod_vjp, attrs={"exclusive": Flag(0), "reverse": Flag(0)},
           doc="axis (input 1) must be known when planning; gradient exact where x holds zeros"),
-    OpDef("CumProdGrad", _cumprod_grad, domain="edgetrain", since=1, kernel="reduce.cumprod_grad",
+    OpDef("CumProdGrad", _cumprod_grad, domain=EDGETRAIN, since=1, kernel="reduce.cumprod_grad",
           attrs={"exclusive": Flag(0), "reverse": Flag(0)},
           doc="inputs dY, X, axis: CumProd's gradient (edgetrain's own: onnxruntime has none)"),
     OpDef("ReduceAllL2", _reduce_all_l2, domain="com.microsoft", since=1, kernel="reduce.reduce_all_l2",

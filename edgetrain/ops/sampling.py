@@ -2,7 +2,7 @@
 op GridSampleGrad.
 
 onnxruntime 1.19 has no gradient op for GridSample, so GridSampleGrad(dY, X, grid) -> (dX, dgrid) lives in the
-``edgetrain`` domain (the last resort DESIGN.md allows): ORT 1.19 cannot train a model holding it.
+``ai.edgetrain`` domain (the last resort DESIGN.md allows): ORT 1.19 cannot train a model holding it.
 """
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import numpy as np
 from ..ir import TensorType
 from .attrs import Flag, String
 from .base import NodeContext, OpDef
+from .softmax import EDGETRAIN
 
-DOMAIN = "edgetrain"
+DOMAIN = EDGETRAIN   # edgetrain's own ops, as NegativeLogLikelihoodLossGrad
 # opset 16 spells the modes bilinear / bicubic, opset 20 linear / cubic: both map to one code
 MODES = {"bilinear": 0, "linear": 0, "nearest": 1, "bicubic": 2, "cubic": 2}
 PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
