@@ -15,6 +15,7 @@ from edgetrain.ops.tensor import (
     dropout_grad_scale,
     dropout_ratio,
     gather_elements_axis,
+    one_hot_geometry,
     pad_widths,
     resize_grad_view,
     resize_tables,
@@ -258,6 +259,32 @@ def _scatter_add_elements(dy, idx, dx, ishape, strides, axis, n):
             return k
         dx[offset] += dy[k]
     return -1
+
+
+def one_hot(ctx):
+    outer, depth, inner, _ = one_hot_geometry(ctx)
+
+    def run(idx, _depth, values, y):
+        _one_hot(idx.reshape(outer, inner), values, y.reshape(outer, depth, inner))
+    return run
+
+
+@jit
+def _one_hot(idx, values, y):
+    """y[o, :, i] = off, with on at idx[o, i] (counted back from depth if negative); an index outside
+    [-depth, depth) leaves the row off, as ONNX says (the range check is what keeps the write in y)."""
+    outer, depth, inner = y.shape
+    y[:] = values[0]
+    for o in range(outer):
+        for i in range(inner):
+            x = idx[o, i]
+            if not (x > -depth - 1 and x < depth):    # NaN and huge floats too, before any int conversion
+                continue
+            v = int(x)                                # float indices truncate, as a cast to int64
+            if v < 0:
+                v += depth
+            if v >= 0 and v < depth:
+                y[o, v, i] = values[1]
 
 
 def tile(ctx):

@@ -129,7 +129,20 @@ OPS_FOLD = (
           fold=lambda ctx, x: np.array(ctx.shape(0)[_shape_range(ctx)], np.int64)),
     OpDef("Size", lambda ctx: [TensorType(np.int64, ())], kind="fold", dtypes=ANY,
           fold=lambda ctx, x: np.array(ctx.type(0).size, np.int64)),
+    OpDef("EyeLike", lambda ctx: [_eye_like_type(ctx)], since=22, kind="fold", dtypes=ANY,
+          attrs={"dtype": Int(), "k": Int(0)},
+          fold=lambda ctx, x: np.eye(*_eye_like_type(ctx).shape, k=ctx.attr("k"), dtype=_eye_like_type(ctx).dtype)),
 )
+
+
+def _eye_like_type(ctx) -> TensorType:
+    """EyeLike depends on its input's shape only (so it folds): a 2-D output of the ``dtype`` attribute's type,
+    else the input's."""
+    shape = tuple(ctx.shape(0))
+    if len(shape) != 2:
+        raise ctx.error(f"input must be 2-D, got shape {list(shape)}")
+    code = ctx.attr("dtype")
+    return TensorType(ctx.type(0).dtype if code is None else to_numpy(code, f"{ctx.node} attribute dtype"), shape)
 
 
 # --- copies ------------------------------------------------------------------------------------------------
@@ -813,6 +826,25 @@ def _trilu_vjp(g, dys):
     return [g.emit("Trilu", inputs, {"upper": g.attr("upper")}), None]
 
 
+def one_hot_geometry(ctx: NodeContext) -> tuple[int, int, int, int]:
+    """(outer, depth, inner, axis): the output viewed as [outer, depth, inner] around the new axis."""
+    shape = tuple(ctx.shape(0))
+    depth = ctx.const(1, "depth").reshape(-1)
+    if depth.size != 1 or not np.isfinite(depth[0]) or int(depth[0]) < 1:
+        raise ctx.error(f"depth must be one positive number, got {depth.tolist()}")
+    if tuple(ctx.shape(2)) != (2,):
+        raise ctx.error(f"values must be [off_value, on_value] (shape [2]), got {list(ctx.shape(2))}")
+    axis = normalize_axis(ctx, ctx.attr("axis"), len(shape) + 1)
+    return (int(np.prod(shape[:axis], dtype=np.int64)), int(depth[0]),
+            int(np.prod(shape[axis:], dtype=np.int64)), axis)
+
+
+def _one_hot(ctx):
+    outer, depth, inner, axis = one_hot_geometry(ctx)
+    shape = tuple(ctx.shape(0))
+    return [TensorType(ctx.type(2).dtype, shape[:axis] + (depth,) + shape[axis:])]
+
+
 def tile_repeats(ctx: NodeContext) -> tuple[int, ...]:
     shape = ctx.shape(0)
     reps = tuple(int(r) for r in ctx.const(1, "repeats").reshape(-1))
@@ -877,6 +909,9 @@ OPS = OPS_FOLD + (
           attrs={"axis": Int(0)},
           doc="inputs shape, indices, dY; attribute axis: zeros of shape, dY's rows added at the indices"),
     OpDef("Identity", _identity, since=19, kind="alias", dtypes=ANY, vjp=lambda g, dys: [dys[0]]),
+    OpDef("OneHot", _one_hot, since=11, kernel="tensor.one_hot", dtypes=ALL_NUMERIC,
+          attrs={"axis": Int(-1)},
+          doc="depth known when planning; indices outside [-depth, depth) give all off_value, as ONNX says"),
     OpDef("Pad", _pad, since=19, kernel="tensor.pad", dtypes=ANY, vjp=_pad_vjp,
           attrs={"mode": String("constant", ("constant", "reflect", "edge", "wrap")), "pads": Ints()}),
     OpDef("Range", lambda ctx: [_t(ctx, (range_length(ctx),))], since=11, kind="fold", dtypes=RANGE_DTYPES,

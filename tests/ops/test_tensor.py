@@ -68,7 +68,8 @@ def test_every_tensor_op_is_covered():
     tested = {"Constant", "ConstantOfShape", "Shape", "Size", "Cast", "Concat", "Dropout", "Expand",
               "Flatten", "Gather", "Identity", "Pad", "Reshape", "Resize", "Slice", "Split", "Squeeze",
               "Transpose", "Unsqueeze", "GatherGrad", "SliceGrad", "DropoutGrad", "ResizeGrad", "Range", "Tile",
-              "Trilu", "GatherElements", "GatherElementsGrad", "ScatterElements", "CastLike"}
+              "Trilu", "GatherElements", "GatherElementsGrad", "ScatterElements", "CastLike",
+              "OneHot", "EyeLike"}
     assert {op.op_type for op in tensor.OPS} <= tested
 
 
@@ -1062,3 +1063,35 @@ def test_trilu_and_range_refuse_malformed_scalars():
     m = model([helper.make_node("Range", ["s", "l", "d"], ["y"], name="rng")], {"x": x}, ["y"], initializers=consts)
     with pytest.raises(ShapeError, match="'rng'.*must be scalars"):
         run_edgetrain(m, {"x": x})
+
+
+# --- OneHot, EyeLike -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [-1, 0, 1, -2])
+@pytest.mark.parametrize("idx_dtype", [np.int64, np.int32, np.float32], ids=str)
+def test_one_hot_against_reference(axis, idx_dtype):
+    """Negative indices count back; indices outside [-depth, depth) give rows of off_value (the reference
+    evaluator: onnxruntime lacks most index/value type pairs)."""
+    idx = np.array([[0, 3, -1], [-4, 5, 2]], idx_dtype) if idx_dtype != np.float32 else np.array(
+        [[0.0, 3.0, -1.0], [-4.0, 9.0, 2.0]], np.float32)   # integral: the evaluator does not truncate
+    values = np.array([-2.0, 5.0], np.float32)
+    m = model(helper.make_node("OneHot", ["i", "d", "v"], ["y"], axis=axis), {"i": idx}, ["y"],
+              initializers={"d": np.array(4, np.int64), "v": values}, opset=11)
+    assert_matches(m, {"i": idx}, oracle=run_reference)
+
+
+def test_one_hot_with_nan_and_huge_indices_writes_only_off_values():
+    idx = np.array([np.nan, 1e30, -1e30, np.inf, 1.0], np.float32)
+    m = model(helper.make_node("OneHot", ["i", "d", "v"], ["y"]), {"i": idx}, ["y"],
+              initializers={"d": np.array(3, np.int64), "v": np.array([0, 1], np.int64)}, opset=11)
+    y = run_edgetrain(m, {"i": idx})[0]
+    np.testing.assert_array_equal(y, [[0, 0, 0]] * 4 + [[0, 1, 0]])
+
+
+@pytest.mark.parametrize("k", [0, 1, -2, 7])
+@pytest.mark.parametrize("dtype", [None, TensorProto.INT32, TensorProto.DOUBLE])
+def test_eye_like_against_onnxruntime(k, dtype):
+    x = np.zeros((3, 5), np.float32)
+    attrs = {"k": k} if dtype is None else {"k": k, "dtype": dtype}
+    m = model(helper.make_node("EyeLike", ["x"], ["y"], **attrs), {"x": x}, ["y"], opset=9)
+    assert_matches(m, {"x": x}, oracle=run_onnxruntime)
