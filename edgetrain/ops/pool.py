@@ -7,7 +7,7 @@ import numpy as np
 
 from ..ir import Node, TensorType
 from ..ir.dtypes import to_onnx
-from .attrs import Flag, Ints
+from .attrs import Flag, Int, Ints
 from .base import NodeContext, OpDef
 from .conv import DIM, POOL_ATTRS, Window, check_rank, smallest_input, window_geometry
 
@@ -16,6 +16,7 @@ HINT = "input_spatial_shape"   # pooling gradients: X's spatial shape where dY's
 MAX_POOL_ATTRS = POOL_ATTRS | {"ceil_mode": Flag(0), "storage_order": Flag(0)}
 AVERAGE_POOL_ATTRS = POOL_ATTRS | {"ceil_mode": Flag(0), "count_include_pad": Flag(0)}
 GRAD_HINT = {HINT: Ints(low=DIM[0], high=DIM[1])}
+LP_POOL_ATTRS = POOL_ATTRS | {"ceil_mode": Flag(0), "p": Int(2, low=1, high=64)}
 
 
 def _kernel_and_ceil(ctx: NodeContext, rank: int) -> tuple[tuple[int, ...], bool]:
@@ -129,6 +130,27 @@ def _global_max_pool_vjp(g, dys):
     return [g.emit("Mul", [hit, g.emit("Div", [dys[0], ties])])]
 
 
+def _lp_pool_vjp(g, dys):
+    """y = (sum over the window of |x|^p)^(1/p): dX = sign(x) |x|^(p-1) * W^T(dY * y^(1-p)), with W^T the window
+    sum's adjoint: com.microsoft ConvGrad's dX for a depthwise convolution with a kernel of ones (pads at the
+    end grown so the convolution's floor arithmetic gives ceil_mode's output)."""
+    x, y, p = g.x(0), g.y(), g.attr("p")
+    t = g.in_types[0]
+    probe = NodeContext(g.node, next(op for op in OPS if op.op_type == "LpPool"), g.opset, [t], [None])
+    win = pool_geometry(probe)
+    spatial = t.shape[2:]
+    ends = [(o - 1) * s + d * (k - 1) + 1 - n - b if o else e for o, s, d, k, n, b, e in zip(
+        win.out, win.strides, win.dilations, win.kernel, spatial, win.pads_begin, win.pads_end)]
+    attrs = {"kernel_shape": list(win.kernel), "strides": list(win.strides), "dilations": list(win.dilations),
+             "pads": list(win.pads_begin) + [max(a, b) for a, b in zip(ends, win.pads_end)], "group": t.shape[1]}
+    ones = g.const(np.ones((t.shape[1], 1) + tuple(win.kernel)), t.dtype, "ones")
+    scaled = g.emit("Mul", [dys[0], g.emit("Pow", [y, g.const(1 - p, t.dtype, "one_minus_p")])])
+    spread = g.emit("ConvGrad", [scaled, x, ones], attrs, MS, outputs=[f"{g.node.name}_Grad/window_sum_adjoint",
+                                                                         "", ""])
+    local = g.emit("Mul", [g.emit("Sign", [x]), g.emit("Pow", [g.emit("Abs", [x]), g.const(p - 1, t.dtype, "p_1")])])
+    return [g.emit("Mul", [spread, local])]
+
+
 def _max_pool_grad(ctx: NodeContext):
     idx = ctx.type(1)
     if idx.dtype != np.int64 or idx.shape != ctx.shape(0):
@@ -150,6 +172,8 @@ OPS = (
     OpDef("GlobalAveragePool", _global_pool, since=1, kernel="pool.global_average_pool",
           vjp=_global_average_pool_vjp),
     OpDef("GlobalMaxPool", _global_max_pool, since=1, kernel="pool.global_max_pool", vjp=_global_max_pool_vjp),
+    OpDef("LpPool", _average_pool, since=18, kernel="pool.lp_pool", vjp=_lp_pool_vjp, attrs=LP_POOL_ATTRS,
+          doc="1-D/2-D; p, ceil_mode, dilations; gradient through com.microsoft ConvGrad"),
     OpDef("MaxPool", _max_pool, since=12, kernel="pool.max_pool", vjp=_max_pool_vjp, grad_outputs=2,
           attrs=MAX_POOL_ATTRS,
           doc="1-D/2-D; optional Indices output (flattened over N*C*H*W, storage_order 0 or 1)"),

@@ -458,3 +458,32 @@ def test_pool_grads_run_in_onnxruntime_119(ort):
             cases.append((m, feeds))
     for (m, feeds), theirs in zip(cases, ort.run_models(cases)):
         np.testing.assert_allclose(run_edgetrain(m, feeds)[0], theirs[0], rtol=1e-6, atol=1e-7)
+
+
+# --- LpPool -------------------------------------------------------------------------------------------------
+
+LP_CASES = ["3x3_s1_pad1", "asym_pads", "dilations", "ceil_mode", "ceil_mode_pads", "same_upper", "1d"]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("case", LP_CASES)
+def test_lp_pool_against_onnxruntime(case, p):
+    """onnxruntime (the reference evaluator's LpPool reads past the input with ceil_mode)."""
+    shape, attrs = MAX_CASES[case]
+    x = _seed(case, p).standard_normal(shape).astype(np.float32)
+    m = _pool_model("LpPool", x, dict(attrs, p=p), opset=18)
+    assert_matches(m, {"X": x}, oracle=run_onnxruntime, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("case", ["asym_pads", "dilations", "ceil_mode_pads", "1d"])
+def test_lp_pool_gradient_by_finite_differences(case, p):
+    from gradcheck import check_gradients
+
+    from edgetrain.ir import Node, TensorType
+    shape, attrs = MAX_CASES[case]
+    x = _seed(case, p, "grad").standard_normal(shape)
+    x = np.where(np.abs(x) < 0.1, x + 0.3, x)     # away from |x|'s kink
+    y = run_reference(_pool_model("LpPool", x, dict(attrs, p=p), opset=18), {"X": x})[0]
+    check_gradients([Node("LpPool", ["x"], ["y"], dict(attrs, p=p), "lp")], {"x": x}, ["y"],
+                    [TensorType(np.float64, y.shape)], opset=18, samples=8)
