@@ -19,6 +19,7 @@ from edgetrain.ops.tensor import (
     pad_widths,
     resize_grad_view,
     resize_tables,
+    scatter_reduction,
     slice_grad_view,
     slice_spec,
     split_sizes,
@@ -194,7 +195,7 @@ def scatter_elements(ctx):
     data = ctx.shape(0)
     axis = gather_elements_axis(ctx, data)
     ishape, strides = _element_geometry(ctx.shape(1), data)
-    code = SCATTER_CODES[ctx.attr("reduction")]
+    code = SCATTER_CODES[scatter_reduction(ctx)]
     allowed = f"an index in [{-data[axis]}, {data[axis]}) (axis {axis} of data {list(data)})"
 
     def run(x, idx, updates, y):

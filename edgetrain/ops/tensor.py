@@ -226,6 +226,11 @@ def _gather_elements_grad(ctx):
 SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
 
 
+def scatter_reduction(ctx) -> str:
+    """ScatterElements' reduction; Scatter (opsets 9-10, ScatterElements under its first name) has none."""
+    return "none" if ctx.node.op_type == "Scatter" else ctx.attr("reduction")
+
+
 def _scatter_elements(ctx):
     data = ctx.shape(0)
     gather_elements_axis(ctx, data)
@@ -237,7 +242,7 @@ def _scatter_elements(ctx):
 def _scatter_elements_vjp(g, dys):
     """reduction none: d data = dY where nothing was written (ScatterElements of zeros), d updates = dY gathered
     at the indices; add: d data = dY, d updates the same gather. mul/max/min: no gradient rule."""
-    reduction = g.attr("reduction")
+    reduction = scatter_reduction(g)
     if reduction not in ("none", "add"):
         raise g.error(f"ScatterElements with reduction '{reduction}' has no gradient rule (none, add)")
     dx = dys[0]
@@ -926,6 +931,9 @@ OPS = OPS_FOLD + (
           vjp=_scatter_elements_vjp, attrs={"axis": Int(0), "reduction": String("none", SCATTER_REDUCTIONS)},
           doc="a copy of data with updates written (or combined) where the indices point; repeated indices with "
               "reduction none: the last one wins"),
+    OpDef("Scatter", _scatter_elements, since=9, kernel="tensor.scatter_elements", dtypes=ANY,
+          vjp=_scatter_elements_vjp, attrs={"axis": Int(0)},
+          doc="opsets 9-10: ScatterElements without reduction, under its first name"),
     OpDef("Slice", _slice, kernel="tensor.slice", dtypes=ANY, vjp=_slice_vjp),
     OpDef("SliceGrad", _slice_grad, domain=MS, since=1, kernel="tensor.slice_grad", dtypes=ANY,
           doc="inputs dY, shape, starts, ends[, axes, steps]: zeros of shape with dY written into the slice"),

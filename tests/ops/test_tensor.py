@@ -69,7 +69,7 @@ def test_every_tensor_op_is_covered():
               "Flatten", "Gather", "Identity", "Pad", "Reshape", "Resize", "Slice", "Split", "Squeeze",
               "Transpose", "Unsqueeze", "GatherGrad", "SliceGrad", "DropoutGrad", "ResizeGrad", "Range", "Tile",
               "Trilu", "GatherElements", "GatherElementsGrad", "ScatterElements", "CastLike",
-              "OneHot", "EyeLike"}
+              "OneHot", "EyeLike", "Scatter"}
     assert {op.op_type for op in tensor.OPS} <= tested
 
 
@@ -1041,6 +1041,27 @@ def test_scatter_elements_gradients_by_finite_differences(reduction):
     idx = _distinct_indices(rng, [3, 2], 1, 4) if reduction == "none" else np.array([[0, 0], [3, 1], [2, 2]])
     check_gradients([Node("ScatterElements", ["x", "i", "u"], ["y"], {"axis": 1, "reduction": reduction}, "sc")],
                     {"x": x, "u": u}, ["y"], [TensorType(np.float64, (3, 4))], consts={"i": idx}, opset=18)
+
+
+@pytest.mark.parametrize("axis", [0, -1])
+def test_scatter_opset10_against_onnxruntime_and_its_gradient(axis):
+    """Scatter (opsets 9-10) is ScatterElements without reduction; a bad index is refused the same way."""
+    rng = rng_for("scatter10", axis)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    shape = [3, 4]
+    shape[axis] = 2
+    idx = _distinct_indices(rng, shape, axis % 2, x.shape[axis])
+    u = rng.standard_normal(shape).astype(np.float32)
+    m = model(helper.make_node("Scatter", ["x", "i", "u"], ["y"], axis=axis, name="sc"), {"x": x, "i": idx, "u": u},
+              ["y"], opset=10)
+    assert_matches(m, {"x": x, "i": idx, "u": u}, oracle=run_onnxruntime)
+    check_gradients([Node("Scatter", ["x", "i", "u"], ["y"], {"axis": axis}, "sc")],
+                    {"x": x.astype(np.float64), "u": u.astype(np.float64)}, ["y"], [TensorType(np.float64, (3, 4))],
+                    consts={"i": idx}, opset=10)
+    bad = idx.copy()
+    bad.reshape(-1)[1] = 7
+    with pytest.raises(InputError, match=r"'sc'.*input 1 \('i'\) holds 7"):
+        run_edgetrain(m, {"x": x, "i": bad, "u": u})
 
 
 @pytest.mark.parametrize("limit", [np.inf, np.nan])
