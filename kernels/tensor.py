@@ -19,6 +19,7 @@ from edgetrain.ops.tensor import (
     pad_widths,
     resize_grad_view,
     resize_tables,
+    reverse_sequence_axes,
     scatter_reduction,
     slice_grad_view,
     slice_spec,
@@ -286,6 +287,38 @@ def _one_hot(idx, values, y):
                 v += depth
             if v >= 0 and v < depth:
                 y[o, v, i] = values[1]
+
+
+def reverse_sequence(ctx):
+    t_axis, b_axis = reverse_sequence_axes(ctx)
+    shape = ctx.shape(0)
+    steps, inner = shape[t_axis], int(np.prod(shape[2:], dtype=np.int64))
+    allowed = f"a length in [0, {steps}] (the time steps)"
+
+    def run(x, lens, y):
+        view = (shape[0], shape[1], inner)
+        bad = _reverse_sequence(x.reshape(view), lens, y.reshape(view), t_axis)
+        if bad >= 0:
+            raise ctx.bad_value(1, lens, bad, allowed)
+    return run
+
+
+@jit
+def _reverse_sequence(x, lens, y, t_axis):
+    """y[.., t, b, ..] = x[.., lens[b] - 1 - t, b, ..] for t < lens[b], else x; returns the first batch entry
+    whose length is outside [0, steps] (nothing written for it or after), or -1."""
+    steps = x.shape[t_axis]
+    for b in range(lens.shape[0]):
+        n = lens[b]
+        if n < 0 or n > steps:
+            return b
+        for t in range(steps):
+            src = n - 1 - t if t < n else t
+            if t_axis == 0:
+                y[t, b] = x[src, b]
+            else:
+                y[b, t] = x[b, src]
+    return -1
 
 
 def tile(ctx):

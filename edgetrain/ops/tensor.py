@@ -850,6 +850,30 @@ def _one_hot(ctx):
     return [TensorType(ctx.type(2).dtype, shape[:axis] + (depth,) + shape[axis:])]
 
 
+def reverse_sequence_axes(ctx: NodeContext) -> tuple[int, int]:
+    """(time_axis, batch_axis), checked: one is 0, the other 1; sequence_lens is int64 [batch]."""
+    shape = tuple(ctx.shape(0))
+    t, b = ctx.attr("time_axis"), ctx.attr("batch_axis")
+    if len(shape) < 2 or {t, b} != {0, 1}:
+        raise ctx.error(f"time_axis {t} and batch_axis {b} must be 0 and 1 (either way) of an input of rank >= 2, "
+                        f"got shape {list(shape)}")
+    lens = ctx.type(1)
+    if lens.dtype != np.int64 or tuple(lens.shape) != (shape[b],):
+        raise ctx.error(f"sequence_lens must be int64 [{shape[b]}] (one length per batch entry), got {lens}")
+    return t, b
+
+
+def _reverse_sequence(ctx):
+    reverse_sequence_axes(ctx)
+    return [ctx.type(0)]
+
+
+def _reverse_sequence_vjp(g, dys):
+    """A permutation that is its own inverse: dX = ReverseSequence(dY) with the same lengths."""
+    attrs = {"time_axis": g.attr("time_axis"), "batch_axis": g.attr("batch_axis")}
+    return [g.emit("ReverseSequence", [dys[0], g.x(1)], attrs), None]
+
+
 def tile_repeats(ctx: NodeContext) -> tuple[int, ...]:
     shape = ctx.shape(0)
     reps = tuple(int(r) for r in ctx.const(1, "repeats").reshape(-1))
@@ -931,6 +955,9 @@ OPS = OPS_FOLD + (
           vjp=_scatter_elements_vjp, attrs={"axis": Int(0), "reduction": String("none", SCATTER_REDUCTIONS)},
           doc="a copy of data with updates written (or combined) where the indices point; repeated indices with "
               "reduction none: the last one wins"),
+    OpDef("ReverseSequence", _reverse_sequence, since=10, kernel="tensor.reverse_sequence", dtypes=ANY,
+          vjp=_reverse_sequence_vjp, attrs={"batch_axis": Int(1), "time_axis": Int(0)},
+          doc="lengths outside [0, time steps] are refused with the batch entry named"),
     OpDef("Scatter", _scatter_elements, since=9, kernel="tensor.scatter_elements", dtypes=ANY,
           vjp=_scatter_elements_vjp, attrs={"axis": Int(0)},
           doc="opsets 9-10: ScatterElements without reduction, under its first name"),

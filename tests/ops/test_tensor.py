@@ -69,7 +69,7 @@ def test_every_tensor_op_is_covered():
               "Flatten", "Gather", "Identity", "Pad", "Reshape", "Resize", "Slice", "Split", "Squeeze",
               "Transpose", "Unsqueeze", "GatherGrad", "SliceGrad", "DropoutGrad", "ResizeGrad", "Range", "Tile",
               "Trilu", "GatherElements", "GatherElementsGrad", "ScatterElements", "CastLike",
-              "OneHot", "EyeLike", "Scatter"}
+              "OneHot", "EyeLike", "Scatter", "ReverseSequence"}
     assert {op.op_type for op in tensor.OPS} <= tested
 
 
@@ -1116,3 +1116,21 @@ def test_eye_like_against_onnxruntime(k, dtype):
     attrs = {"k": k} if dtype is None else {"k": k, "dtype": dtype}
     m = model(helper.make_node("EyeLike", ["x"], ["y"], **attrs), {"x": x}, ["y"], opset=9)
     assert_matches(m, {"x": x}, oracle=run_onnxruntime)
+
+
+# --- ReverseSequence ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("time_axis", [0, 1])
+def test_reverse_sequence_against_onnxruntime_and_its_gradient(time_axis):
+    batch_axis = 1 - time_axis
+    shape = [5, 3, 2] if time_axis == 0 else [3, 5, 2]
+    x = rng_for("revseq", time_axis).standard_normal(shape).astype(np.float32)
+    lens = np.array([5, 0, 3], np.int64)
+    m = model(helper.make_node("ReverseSequence", ["x", "l"], ["y"], time_axis=time_axis, batch_axis=batch_axis,
+                               name="rs"), {"x": x, "l": lens}, ["y"], opset=10)
+    assert_matches(m, {"x": x, "l": lens}, oracle=run_onnxruntime)
+    check_gradients([Node("ReverseSequence", ["x", "l"], ["y"], {"time_axis": time_axis, "batch_axis": batch_axis},
+                          "rs")], {"x": x.astype(np.float64)}, ["y"], [TensorType(np.float64, tuple(shape))],
+                    consts={"l": lens}, opset=10)
+    with pytest.raises(InputError, match=r"'rs'.*input 1 \('l'\) holds 6 at \[1\]"):
+        run_edgetrain(m, {"x": x, "l": np.array([1, 6, 2], np.int64)})
