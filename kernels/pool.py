@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from edgetrain.ops.pool import pool_geometry
+from edgetrain.ops.pool import max_unpool_shape, pool_geometry
 
 from ._jit import jit
 
@@ -243,6 +243,31 @@ def average_pool(ctx):
     def run(x, y):
         _average_pool(x.reshape(x3), y.reshape(y3), ranges, rows, cols, kh, sh, sw, dh, ph)
     return run
+
+
+def max_unpool(ctx):
+    """Launcher: ``run(X, Indices[, output_shape], Y)``; an index outside Y raises InputError naming it."""
+    size = int(np.prod(max_unpool_shape(ctx), dtype=np.int64))
+    allowed = f"an index into the {size} elements of the output"
+
+    def run(x, idx, *rest):
+        y = rest[-1]
+        bad = _max_unpool(x.reshape(-1), idx.reshape(-1), y.reshape(-1))
+        if bad >= 0:
+            raise ctx.bad_value(1, idx, bad, allowed)
+    return run
+
+
+@jit
+def _max_unpool(x, idx, y):
+    """y = 0, then y[idx[k]] = x[k]; returns the first k whose index is outside y, or -1."""
+    y[:] = 0
+    for k in range(x.shape[0]):
+        i = idx[k]
+        if i < 0 or i >= y.shape[0]:
+            return k
+        y[i] = x[k]
+    return -1
 
 
 def lp_pool(ctx):

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..ir import Node, TensorType
 from ..ir.dtypes import to_onnx
-from .attrs import Flag, Int, Ints
+from .attrs import REQUIRED, Flag, Int, Ints
 from .base import NodeContext, OpDef
 from .conv import DIM, POOL_ATTRS, Window, check_rank, smallest_input, window_geometry
 
@@ -151,6 +151,43 @@ def _lp_pool_vjp(g, dys):
     return [g.emit("Mul", [spread, local])]
 
 
+def max_unpool_shape(ctx: NodeContext) -> tuple[int, ...]:
+    """Y's shape: output_shape (input 2) when given, else (in - 1) * stride + kernel - pads per spatial dim;
+    Indices must be int64 with X's shape."""
+    x = tuple(ctx.shape(0))
+    if len(x) < 3:
+        raise ctx.error(f"X must be [N, C, spatial...], got shape {list(x)}")
+    idx = ctx.type(1)
+    if idx.dtype != np.int64 or tuple(idx.shape) != x:
+        raise ctx.error(f"Indices must be int64 with X's shape {list(x)}; got {idx}")
+    n = len(x) - 2
+    kernel = tuple(ctx.attr("kernel_shape"))
+    strides = tuple(ctx.attr("strides") or (1,) * n)
+    pads = tuple(ctx.attr("pads") or (0,) * (2 * n))
+    if len(kernel) != n or len(strides) != n or len(pads) != 2 * n:
+        raise ctx.error(f"kernel_shape {list(kernel)}, strides {list(strides)} and pads {list(pads)} must have "
+                        f"{n}, {n} and {2 * n} entries")
+    if ctx.has_input(2):
+        shape = tuple(int(d) for d in ctx.const(2, "output_shape").reshape(-1))
+        if len(shape) != len(x) or shape[:2] != x[:2] or min(shape) < 0:
+            raise ctx.error(f"output_shape {list(shape)} must be X's N, C and {n} spatial sizes")
+        return shape
+    out = tuple((d - 1) * s + k - pb - pe for d, s, k, pb, pe in zip(x[2:], strides, kernel, pads[:n], pads[n:]))
+    if min(out) < 0:
+        raise ctx.error(f"the unpooled spatial shape {list(out)} is negative")
+    return x[:2] + out
+
+
+def _max_unpool(ctx: NodeContext):
+    return [TensorType(ctx.type(0).dtype, max_unpool_shape(ctx))]
+
+
+def _max_unpool_vjp(g, dys):
+    """Y holds X's values at Indices (flat over Y): dX = dY flattened, gathered at Indices."""
+    flat = g.emit("Reshape", [dys[0], g.const([-1], "int64", "flat")])
+    return [g.emit("Gather", [flat, g.x(1)], {"axis": 0}), None, None]
+
+
 def _max_pool_grad(ctx: NodeContext):
     idx = ctx.type(1)
     if idx.dtype != np.int64 or idx.shape != ctx.shape(0):
@@ -177,6 +214,10 @@ OPS = (
     OpDef("MaxPool", _max_pool, since=12, kernel="pool.max_pool", vjp=_max_pool_vjp, grad_outputs=2,
           attrs=MAX_POOL_ATTRS,
           doc="1-D/2-D; optional Indices output (flattened over N*C*H*W, storage_order 0 or 1)"),
+    OpDef("MaxUnpool", _max_unpool, since=22, kernel="pool.max_unpool", vjp=_max_unpool_vjp,
+          attrs={"kernel_shape": Ints(REQUIRED, low=1, high=DIM[1]), "pads": Ints(low=DIM[0], high=DIM[1]),
+                 "strides": Ints(low=1, high=DIM[1])},
+          doc="zeros with X's values at Indices (flat over the output, range-checked); optional output_shape"),
     OpDef("MaxPoolGrad", _max_pool_grad, since=9, kernel="pool.max_pool_grad", attrs=MAX_POOL_ATTRS | GRAD_HINT,
           doc="onnxruntime's (ai.onnx domain): inputs dY, Indices; dX = 0, then dX[Indices] += dY"),
 )

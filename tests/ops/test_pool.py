@@ -487,3 +487,34 @@ def test_lp_pool_gradient_by_finite_differences(case, p):
     y = run_reference(_pool_model("LpPool", x, dict(attrs, p=p), opset=18), {"X": x})[0]
     check_gradients([Node("LpPool", ["x"], ["y"], dict(attrs, p=p), "lp")], {"x": x}, ["y"],
                     [TensorType(np.float64, y.shape)], opset=18, samples=8)
+
+
+# --- MaxUnpool ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("with_shape", [False, True])
+def test_max_unpool_against_onnxruntime_and_its_gradient(with_shape):
+    """MaxPool's Indices unpooled (with output_shape: one larger than the pooled size gives), a bad index
+    refused by name, dX by finite differences."""
+    from gradcheck import check_gradients
+
+    from edgetrain.ir import Node, TensorType
+    rng = _seed("unpool", with_shape)
+    x = rng.standard_normal((2, 3, 3, 2)).astype(np.float32)
+    idx = np.stack([rng.permutation(36)[:6] for _ in range(6)]).reshape(2, 3, 3, 2).astype(np.int64)
+    idx += (np.arange(6) * 36).reshape(2, 3, 1, 1)     # flat over the whole [2, 3, 6, 6] output
+    attrs = dict(kernel_shape=[2, 2], strides=[2, 4])   # unpools [3, 2] to [6, 6]
+    inputs, inits = ["X", "I"], {}
+    if with_shape:
+        inputs.append("S")
+        inits["S"] = np.array([2, 3, 7, 6], np.int64)
+        idx = idx // 36 * 42 + idx % 36               # offsets into [7, 6] planes
+    m = model(helper.make_node("MaxUnpool", inputs, ["Y"], name="up", **attrs), {"X": x, "I": idx}, ["Y"],
+              initializers=inits, opset=11)
+    assert_matches(m, {"X": x, "I": idx}, oracle=run_onnxruntime)
+    bad = idx.copy()
+    bad[1, 2, 0, 1] = -3
+    with pytest.raises(InputError, match=r"'up'.*input 1 \('I'\) holds -3 at \[1, 2, 0, 1\]"):
+        run_edgetrain(m, {"X": x, "I": bad})
+    out = (2, 3, 7, 6) if with_shape else (2, 3, 6, 6)
+    check_gradients([Node("MaxUnpool", inputs, ["y"], attrs, "up")], {"X": x.astype(np.float64)}, ["y"],
+                    [TensorType(np.float64, out)], consts={"I": idx, **inits}, opset=11)
