@@ -469,12 +469,12 @@ def col2im(ctx):
     hw = int(np.prod(image, dtype=np.int64))
 
     def run(x, _image, _block, y):
-        _col2im(x.reshape(n, c, table.shape[0], table.shape[1]), table, y.reshape(n, c, hw))
+        _col2im_table(x.reshape(n, c, table.shape[0], table.shape[1]), table, y.reshape(n, c, hw))
     return run
 
 
 @jit
-def _col2im(x, table, y):
+def _col2im_table(x, table, y):
     """y = 0, then y[n, c, table[b, l]] += x[n, c, b, l] where the table is not -1."""
     y[:] = 0
     for i in range(x.shape[0]):
