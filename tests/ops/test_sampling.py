@@ -88,3 +88,38 @@ def test_volumetric_grid_is_refused_by_name():
     m = model(_node("linear", "zeros", 0), {"x": x, "g": grid}, ["y"], opset=22)
     with pytest.raises(ShapeError, match="GridSample.*2-D"):
         run_edgetrain(m, {"x": x, "g": grid})
+
+
+def test_a_learned_flow_field_trains_through_artifacts(tmp_path):
+    """A warp by a trainable flow field (the optical-flow / spatial-transformer pattern): generate_artifacts
+    writes GridSampleGrad with an ai.edgetrain opset import, and training steps lower the loss."""
+    import onnx
+    from onnx import TensorProto, numpy_helper
+
+    from edgetrain import artifacts
+    from edgetrain.api import CheckpointState, Module, Optimizer
+    rng = np.random.default_rng(0)
+    ys, xs = np.meshgrid(np.linspace(-1, 1, 3), np.linspace(-1, 1, 3), indexing="ij")
+    inits = [numpy_helper.from_array((rng.standard_normal((1, 3, 3, 2)) * 0.1).astype(np.float32), "flow"),
+             numpy_helper.from_array(np.stack([xs, ys], -1)[None].astype(np.float32), "base")]
+    nodes = [helper.make_node("Add", ["base", "flow"], ["grid"]),
+             helper.make_node("GridSample", ["x", "grid"], ["s"], padding_mode="border"),
+             helper.make_node("Flatten", ["s"], ["out"])]
+    g = helper.make_graph(nodes, "warp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 9])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+    artifacts.generate_artifacts(m, requires_grad=["flow"], frozen_params=["base"], loss=artifacts.LossType.MSELoss,
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path)
+    training = onnx.load(tmp_path / "training_model.onnx")
+    assert ("ai.edgetrain", 1) in [(o.domain, o.version) for o in training.opset_import]
+    assert "GridSampleGrad" in [n.op_type for n in training.graph.node]
+    module = Module(tmp_path / "training_model.onnx", CheckpointState.load_checkpoint(tmp_path / "checkpoint"))
+    opt = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    x, target = rng.standard_normal((1, 1, 4, 4)).astype(np.float32), rng.standard_normal((1, 9)).astype(np.float32)
+    module.train()
+    losses = []
+    for _ in range(5):
+        losses.append(float(np.asarray(module(x, target))))
+        opt.step()
+        module.lazy_reset_grad()
+    assert losses[-1] < losses[0]
