@@ -151,3 +151,13 @@ def test_hardmax_nan_is_the_largest_like_numpy_argmax():
     m = model(helper.make_node("Hardmax", ["x"], ["y"]), {"x": x}, ["y"], opset=13)
     want = np.eye(4, dtype=np.float32)[np.argmax(x, axis=1)]
     np.testing.assert_array_equal(run_edgetrain(m, {"x": x})[0], want)
+
+
+@pytest.mark.parametrize("axis", [None, 0, 2])
+def test_hardmax_11_coerces_to_2d_like_onnxruntime(axis):
+    """Before opset 13 Hardmax is taken over the input flattened to 2-D at axis (default 1): the load rule
+    Softmax-1..12 uses."""
+    x = np.random.default_rng(5).standard_normal((2, 3, 4)).astype(np.float32)
+    attrs = {} if axis is None else {"axis": axis}
+    m = model(helper.make_node("Hardmax", ["x"], ["y"], **attrs), {"x": x}, ["y"], opset=11)
+    assert_matches(m, {"x": x}, oracle=run_onnxruntime)
