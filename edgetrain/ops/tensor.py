@@ -9,7 +9,7 @@ import numpy as np
 from ..ir import Node, TensorType
 from ..ir.dtypes import to_numpy, to_onnx
 from .attrs import REQUIRED, Flag, Float, Floats, Int, Ints, String, Tensor
-from .base import ALL_NUMERIC, ANY, NodeContext, OpDef, broadcast_shapes, normalize_axis
+from .base import ALL_NUMERIC, ANY, NUMERIC, NodeContext, OpDef, broadcast_shapes, normalize_axis
 
 INDEX = (np.dtype(np.int32), np.dtype(np.int64))
 
@@ -839,6 +839,8 @@ def one_hot_geometry(ctx: NodeContext) -> tuple[int, int, int, int]:
         raise ctx.error(f"depth must be one positive number, got {depth.tolist()}")
     if tuple(ctx.shape(2)) != (2,):
         raise ctx.error(f"values must be [off_value, on_value] (shape [2]), got {list(ctx.shape(2))}")
+    if ctx.type(2).dtype not in ANY or ctx.type(2).dtype == np.float16:     # a jitted fill: Numba has no float16
+        raise ctx.error(f"element type '{ctx.type(2).dtype}' of values is not supported by OneHot")
     axis = normalize_axis(ctx, ctx.attr("axis"), len(shape) + 1)
     return (int(np.prod(shape[:axis], dtype=np.int64)), int(depth[0]),
             int(np.prod(shape[axis:], dtype=np.int64)), axis)
@@ -955,7 +957,8 @@ OPS = OPS_FOLD + (
           vjp=_scatter_elements_vjp, attrs={"axis": Int(0), "reduction": String("none", SCATTER_REDUCTIONS)},
           doc="a copy of data with updates written (or combined) where the indices point; repeated indices with "
               "reduction none: the last one wins"),
-    OpDef("ReverseSequence", _reverse_sequence, since=10, kernel="tensor.reverse_sequence", dtypes=ANY,
+    OpDef("ReverseSequence", _reverse_sequence, since=10, kernel="tensor.reverse_sequence",
+          dtypes=NUMERIC + (np.dtype(np.bool_),),     # a jitted copy: Numba has no float16
           vjp=_reverse_sequence_vjp, attrs={"batch_axis": Int(1), "time_axis": Int(0)},
           doc="lengths outside [0, time steps] are refused with the batch entry named"),
     OpDef("Scatter", _scatter_elements, since=9, kernel="tensor.scatter_elements", dtypes=ANY,
