@@ -23,7 +23,7 @@ def rand(shape, dtype=np.float32, key=None):
 
 
 def test_every_matmul_op_is_covered():
-    assert {op.op_type for op in matmul.OPS} <= {"MatMul", "Gemm", "FusedMatMul"}
+    assert {op.op_type for op in matmul.OPS} <= {"MatMul", "Gemm", "FusedMatMul", "Det", "DetGrad"}
 
 
 # --- MatMul ------------------------------------------------------------------------------------------------
