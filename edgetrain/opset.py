@@ -80,8 +80,8 @@ def _slice(node: Node, fresh) -> list[Node]:
 
 
 def _softmax(node: Node, fresh) -> list[Node]:
-    """Softmax-1..12 normalizes over the input flattened to 2-D at ``axis`` (default 1): Flatten, Softmax over
-    the last axis, Reshape back to the input's shape."""
+    """Softmax-1..12 (and LogSoftmax, Hardmax) normalizes over the input flattened to 2-D at ``axis`` (default 1):
+    Flatten, Softmax over the last axis, Reshape back to the input's shape."""
     axis = int(node.attrs.get("axis", 1))
     flat, soft, shape = fresh(f"{node.name}_2d"), fresh(f"{node.name}_2d_out"), fresh(f"{node.name}_shape")
     x = node.inputs[0]
@@ -146,6 +146,7 @@ UPGRADES = {
     "BatchNormalization": (14, _batch_norm),
     "Clip": (11, _chain(_attr_to_input("min", 1, np.float32), _attr_to_input("max", 2, np.float32))),
     "Dropout": (12, _dropout),
+    "Hardmax": (13, _softmax),      # Hardmax-1..11 coerces to 2-D exactly as Softmax does
     "LogSoftmax": (13, _softmax),
     # Pad-2..10: pads and the (float) value as inputs; the kernel writes the value in the data's type
     "Pad": (11, _chain(_attr_to_input("pads", 1, np.int64), _attr_to_input("value", 2, np.float32))),

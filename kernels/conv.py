@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgetrain.ops.conv import conv_geometry, conv_grad_outputs, conv_transpose_geometry
+from edgetrain.ops.conv import col2im_geometry, conv_geometry, conv_grad_outputs, conv_transpose_geometry
 
 from ._jit import jit
 
@@ -454,3 +454,33 @@ def conv_transpose(ctx):
             y = y.reshape(y4)
             np.add(y, args[2].reshape(bias_shape), out=y)
     return run
+
+
+def col2im(ctx):
+    """Launcher: ``run(X, image_shape, block_shape, Y)``. The image cell each (block cell, position) lands on,
+    or -1 in the pads, is tabulated once from the geometry."""
+    image, block, strides, dilations, pads, _, steps = col2im_geometry(ctx)
+    cell = np.stack(np.meshgrid(*[np.arange(b) for b in block], indexing="ij"), -1).reshape(-1, 1, len(block))
+    pos = np.stack(np.meshgrid(*[np.arange(s) for s in steps], indexing="ij"), -1).reshape(1, -1, len(block))
+    coord = pos * np.array(strides) - np.array(pads) + cell * np.array(dilations)       # [cells, L, dims]
+    inside = np.all((coord >= 0) & (coord < np.array(image)), axis=-1)
+    table = np.where(inside, np.ravel_multi_index(tuple(np.clip(coord, 0, np.array(image) - 1).T), image).T, -1)
+    n, c = ctx.shape(0)[0], ctx.shape(0)[1] // table.shape[0]
+    hw = int(np.prod(image, dtype=np.int64))
+
+    def run(x, _image, _block, y):
+        _col2im_table(x.reshape(n, c, table.shape[0], table.shape[1]), table, y.reshape(n, c, hw))
+    return run
+
+
+@jit
+def _col2im_table(x, table, y):
+    """y = 0, then y[n, c, table[b, l]] += x[n, c, b, l] where the table is not -1."""
+    y[:] = 0
+    for i in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            for b in range(table.shape[0]):
+                for p in range(table.shape[1]):
+                    t = table[b, p]
+                    if t >= 0:
+                        y[i, c, t] += x[i, c, b, p]

@@ -68,11 +68,23 @@ def _bitshift(a, k):
     return f"({k.T}({x} >> {y}) if 0 <= {y} < {width} else ({k.T}(-1) if {x} < 0 else {k.T}(0)))"
 
 
+def _is_inf(a, k):
+    """IsInf: the sides detect_positive / detect_negative name (a constant choice of form, not a runtime test)."""
+    sides = [f"{a[0]} == np.inf"] * bool(k.attr("detect_positive")) + [f"{a[0]} == -np.inf"] * bool(
+        k.attr("detect_negative"))
+    return f"({' or '.join(sides)})" if sides else "False"
+
+
 SCALAR = {
     "Abs": lambda a, k: f"abs({a[0]})",
+    "Acos": lambda a, k: f"math.acos({a[0]})",
+    "Acosh": lambda a, k: f"math.acosh({a[0]})",
     "Add": lambda a, k: f"{a[0]} + {a[1]}",
     "And": lambda a, k: f"{a[0]} and {a[1]}",
+    "Asin": lambda a, k: f"math.asin({a[0]})",
+    "Asinh": lambda a, k: f"math.asinh({a[0]})",
     "Atan": lambda a, k: f"math.atan({a[0]})",
+    "Atanh": lambda a, k: f"math.atanh({a[0]})",
     "BitShift": _bitshift,
     "BitwiseAnd": lambda a, k: f"{a[0]} & {a[1]}",
     "BitwiseNot": lambda a, k: f"~{a[0]}",
@@ -81,6 +93,7 @@ SCALAR = {
     "Ceil": lambda a, k: f"np.ceil({a[0]})",   # math.ceil returns an int (wrong for inf/nan/huge)
     "Clip": _clip,
     "Cos": lambda a, k: f"math.cos({a[0]})",
+    "Cosh": lambda a, k: f"math.cosh({a[0]})",
     "Div": _div,
     "Elu": lambda a, k: _elu(a[0], k),
     "Equal": lambda a, k: f"{a[0]} == {a[1]}",
@@ -93,6 +106,8 @@ SCALAR = {
     # Python's max/min return their first argument when a comparison is false: x first keeps NaN NaN
     "HardSigmoid": lambda a, k: f"max(min({k.const('alpha')} * {a[0]} + {k.const('beta')}, {k.T}(1.0)), {k.T}(0.0))",
     "HardSwish": lambda a, k: f"{a[0]} * max(min({a[0]} / {k.T}(6.0) + {k.T}(0.5), {k.T}(1.0)), {k.T}(0.0))",
+    "IsInf": _is_inf,
+    "IsNaN": lambda a, k: f"({a[0]} != {a[0]})",
     "LeakyRelu": lambda a, k: f"({a[0]} if {a[0]} >= 0 else {k.const('alpha')} * {a[0]})",
     "Less": lambda a, k: f"{a[0]} < {a[1]}",
     "LessOrEqual": lambda a, k: f"{a[0]} <= {a[1]}",
@@ -109,16 +124,19 @@ SCALAR = {
     "Pow": lambda a, k: f"{k.T}({a[0]} ** {a[1]})",   # float32 ** int64 would otherwise widen to float64
     "Reciprocal": lambda a, k: f"{k.T}(1.0) / {a[0]}",
     "Relu": lambda a, k: f"({k.T}(0) if {a[0]} < 0 else {a[0]})",   # NaN stays NaN, as np.maximum(x, 0)
+    "Round": lambda a, k: f"np.rint({a[0]})",    # halves to even, as ONNX says; Python's round() gives an int
     "Scale": lambda a, k: f"{a[0]} {'/' if k.attr('scale_down') else '*'} {k.T}({a[1]})",
     "Selu": lambda a, k: f"{k.const('gamma')} * " + _elu(a[0], k),
     "Sigmoid": _sigmoid,
     # 0 and NaN map to themselves
     "Sign": lambda a, k: f"({k.T}(1) if {a[0]} > 0 else ({k.T}(-1) if {a[0]} < 0 else {a[0]}))",
     "Sin": lambda a, k: f"math.sin({a[0]})",
+    "Sinh": lambda a, k: f"math.sinh({a[0]})",
     "Softplus": lambda a, k: f"(max({a[0]}, {k.T}(0)) + math.log1p(math.exp(-abs({a[0]}))))",
     "Sqrt": lambda a, k: f"math.sqrt({a[0]})",
     "Sub": lambda a, k: f"{a[0]} - {a[1]}",
     "Sum": lambda a, k: f"({' + '.join(a)})",
+    "Tan": lambda a, k: f"math.tan({a[0]})",
     "Tanh": lambda a, k: f"math.tanh({a[0]})",
     "Where": lambda a, k: f"({a[1]} if {a[0]} else {a[2]})",
     "Xor": lambda a, k: f"{a[0]} != {a[1]}",

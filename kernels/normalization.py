@@ -24,6 +24,7 @@ import numpy as np
 
 from edgetrain.ops.base import axis_view
 from edgetrain.ops.normalization import (
+    lrn_view,
     bn_training_mode,
     group_norm_per_channel,
     layer_norm_axis,
@@ -402,3 +403,70 @@ def _lp_normalize(x, y, squared):
                 norm = 1.0
             for r in range(n):
                 y[o, r, i] = x[o, r, i] / norm
+
+
+def _lrn_params(ctx):
+    size = int(ctx.attr("size"))
+    return (float(ctx.attr("alpha")) / size, float(ctx.attr("beta")), float(ctx.attr("bias")), (size - 1) // 2,
+            size - 1 - (size - 1) // 2)
+
+
+def lrn(ctx):
+    view = lrn_view(ctx)
+    scale, beta, bias, lo, hi = _lrn_params(ctx)
+
+    def run(x, y):
+        _lrn(x.reshape(view), y.reshape(view), scale, beta, bias, lo, hi)
+    return run
+
+
+@jit
+def _window_sums(x, n, i, scale, bias, lo, hi, out):
+    """out[c] = bias + scale * sum of x[n, c', i]^2 over c' in [c - lo, c + hi] (inside [0, C))."""
+    channels = x.shape[1]
+    for c in range(channels):
+        acc = 0.0
+        for k in range(max(0, c - lo), min(channels, c + hi + 1)):
+            v = np.float64(x[n, k, i])
+            acc += v * v
+        out[c] = bias + scale * acc
+
+
+@jit
+def _lrn(x, y, scale, beta, bias, lo, hi):
+    """y = x / (bias + alpha / size * sum of x^2 over the channel window)^beta."""
+    batch, channels, inner = x.shape
+    s = np.empty(channels)
+    for n in range(batch):
+        for i in range(inner):
+            _window_sums(x, n, i, scale, bias, lo, hi, s)
+            for c in range(channels):
+                y[n, c, i] = x[n, c, i] * s[c] ** -beta
+
+
+def lrn_grad(ctx):
+    view = lrn_view(ctx, 1)
+    scale, beta, bias, lo, hi = _lrn_params(ctx)
+
+    def run(dy, x, y, dx):
+        _lrn_grad(dy.reshape(view), x.reshape(view), y.reshape(view), dx.reshape(view), scale, beta, bias, lo, hi)
+    return run
+
+
+@jit
+def _lrn_grad(dy, x, y, dx, scale, beta, bias, lo, hi):
+    """dx_k = dy_k s_k^-beta - 2 beta scale x_k * sum over c with k in c's window ([k - hi, k + lo]) of
+    dy_c y_c / s_c."""
+    batch, channels, inner = x.shape
+    s = np.empty(channels)
+    t = np.empty(channels)
+    for n in range(batch):
+        for i in range(inner):
+            _window_sums(x, n, i, scale, bias, lo, hi, s)
+            for c in range(channels):
+                t[c] = np.float64(dy[n, c, i]) * y[n, c, i] / s[c]
+            for k in range(channels):
+                acc = 0.0
+                for c in range(max(0, k - hi), min(channels, k + lo + 1)):
+                    acc += t[c]
+                dx[n, k, i] = dy[n, k, i] * s[k] ** -beta - 2.0 * beta * scale * x[n, k, i] * acc

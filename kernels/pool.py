@@ -3,9 +3,11 @@
 same loop structure. No allocation per call."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from edgetrain.ops.pool import pool_geometry
+from edgetrain.ops.pool import max_unpool_shape, pool_geometry
 
 from ._jit import jit
 
@@ -241,6 +243,62 @@ def average_pool(ctx):
     def run(x, y):
         _average_pool(x.reshape(x3), y.reshape(y3), ranges, rows, cols, kh, sh, sw, dh, ph)
     return run
+
+
+def max_unpool(ctx):
+    """Launcher: ``run(X, Indices[, output_shape], Y)``; an index outside Y raises InputError naming it."""
+    size = int(np.prod(max_unpool_shape(ctx), dtype=np.int64))
+    allowed = f"an index into the {size} elements of the output"
+
+    def run(x, idx, *rest):
+        y = rest[-1]
+        bad = _max_unpool(x.reshape(-1), idx.reshape(-1), y.reshape(-1))
+        if bad >= 0:
+            raise ctx.bad_value(1, idx, bad, allowed)
+    return run
+
+
+@jit
+def _max_unpool(x, idx, y):
+    """y = 0, then y[idx[k]] = x[k]; returns the first k whose index is outside y, or -1."""
+    y[:] = 0
+    for k in range(x.shape[0]):
+        i = idx[k]
+        if i < 0 or i >= y.shape[0]:
+            return k
+        y[i] = x[k]
+    return -1
+
+
+def lp_pool(ctx):
+    """Launcher: ``run(X, Y)``."""
+    x3, y3, win = _planes(ctx)
+    p = float(ctx.attr("p"))
+
+    def run(x, y):
+        _lp_pool(x.reshape(x3), y.reshape(y3), win.kernel, win.strides, win.dilations, win.pads_begin, p)
+    return run
+
+
+@jit
+def _lp_pool(x, y, kernel, strides, dilations, pads, p):
+    """y[c, oy, ox] = (sum of |x|^p over the window's in-bounds taps)^(1/p)."""
+    nc, h, w = x.shape
+    oh, ow = y.shape[1], y.shape[2]
+    for c in range(nc):
+        for oy in range(oh):
+            for ox in range(ow):
+                acc = 0.0
+                for i in range(kernel[0]):
+                    iy = oy * strides[0] - pads[0] + i * dilations[0]
+                    if iy < 0 or iy >= h:
+                        continue
+                    for j in range(kernel[1]):
+                        ix = ox * strides[1] - pads[1] + j * dilations[1]
+                        if 0 <= ix < w:
+                            v = abs(np.float64(x[c, iy, ix]))
+                            acc += v * v if p == 2.0 else v ** p
+                y[c, oy, ox] = math.sqrt(acc) if p == 2.0 else acc ** (1.0 / p)
 
 
 # --- gradients --------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from edgetrain.ops.base import axis_view
 from edgetrain.ops.reduce import (
     arg_axis,
     block_view,
+    cumprod_grad_axis,
     cumsum_axis,
     reduce_axes,
     reduced_shape,
@@ -268,6 +269,70 @@ def _cumsum(x, y, exclusive, reverse):
                 else:
                     acc += x[o, k, i]
                     y[o, k, i] = acc
+
+
+def cumprod(ctx):
+    outer, n, inner = axis_view(ctx, cumsum_axis(ctx))
+    exclusive, reverse = bool(ctx.attr("exclusive")), bool(ctx.attr("reverse"))
+
+    def run(x, _axis, y):
+        _cumprod(x.reshape(outer, n, inner), y.reshape(outer, n, inner), exclusive, reverse)
+    return run
+
+
+@jit
+def _cumprod(x, y, exclusive, reverse):
+    """y[o, k, i] = product of x[o, :k(+1), i] (``reverse``: of x[o, k(+1):, i]); ``exclusive`` leaves x[o, k, i]
+    out."""
+    outer, n, inner = x.shape
+    for o in range(outer):
+        for i in range(inner):
+            acc = x.dtype.type(1)
+            for r in range(n):
+                k = n - 1 - r if reverse else r
+                if exclusive:
+                    y[o, k, i] = acc
+                    acc *= x[o, k, i]
+                else:
+                    acc *= x[o, k, i]
+                    y[o, k, i] = acc
+
+
+def cumprod_grad(ctx):
+    axis = cumprod_grad_axis(ctx)
+    shape = ctx.shape(1)
+    outer, n, inner = (int(np.prod(shape[:axis], dtype=np.int64)), int(shape[axis]),
+                       int(np.prod(shape[axis + 1:], dtype=np.int64)))
+    exclusive, reverse = bool(ctx.attr("exclusive")), bool(ctx.attr("reverse"))
+
+    def run(dy, x, _axis, dx):
+        view = (outer, n, inner)
+        _cumprod_grad(dy.reshape(view), x.reshape(view), dx.reshape(view), exclusive, reverse)
+    return run
+
+
+@jit
+def _cumprod_grad(dy, x, dx, exclusive, reverse):
+    """Along the scan order k = 0..n-1: dx_k = P_k * S_k with P_k the product of the x before k and S_k the sum
+    over the outputs j holding x_k of dy_j * (product of x strictly after k up to j); S_k = dy_k + x_(k+1) S_(k+1)
+    (inclusive) or dy_(k+1) + x_(k+1) S_(k+1) (exclusive), from the end back."""
+    outer, n, inner = x.shape
+    for o in range(outer):
+        for i in range(inner):
+            s = dy.dtype.type(0)
+            for r in range(n):        # backward over the scan order: dx holds S_k for now
+                k = r if reverse else n - 1 - r
+                nxt = k - 1 if reverse else k + 1
+                if exclusive:
+                    s = dy[o, nxt, i] + x[o, nxt, i] * s if r > 0 else dy.dtype.type(0)
+                else:
+                    s = dy[o, k, i] + (x[o, nxt, i] * s if r > 0 else dy.dtype.type(0))
+                dx[o, k, i] = s
+            p = dy.dtype.type(1)
+            for r in range(n):        # forward: times the exclusive prefix product
+                k = n - 1 - r if reverse else r
+                dx[o, k, i] *= p
+                p *= x[o, k, i]
 
 
 def arg_max(ctx):

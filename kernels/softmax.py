@@ -76,6 +76,31 @@ def softmax(ctx):
     return _launcher(ctx, False)
 
 
+def hardmax(ctx):
+    view = softmax_view(ctx)
+
+    def run(x, y):
+        _hardmax(x.reshape(view), y.reshape(view))
+    return run
+
+
+@jit
+def _hardmax(x, y):
+    """y[o, :, i] = one-hot of the first largest x[o, :, i] (the first NaN, as numpy's argmax)."""
+    outer, n, inner = x.shape
+    y[:] = 0
+    for o in range(outer):
+        for i in range(inner):
+            best = 0
+            for k in range(1, n):
+                if x[o, best, i] != x[o, best, i]:
+                    break
+                if x[o, k, i] > x[o, best, i] or x[o, k, i] != x[o, k, i]:
+                    best = k
+            if n > 0:
+                y[o, best, i] = 1
+
+
 def log_softmax(ctx):
     """y = (x - max) - log(sum(exp(x - max))) along the axis."""
     return _launcher(ctx, True)

@@ -15,9 +15,12 @@ from edgetrain.ops.tensor import (
     dropout_grad_scale,
     dropout_ratio,
     gather_elements_axis,
+    one_hot_geometry,
     pad_widths,
     resize_grad_view,
     resize_tables,
+    reverse_sequence_axes,
+    scatter_reduction,
     slice_grad_view,
     slice_spec,
     split_sizes,
@@ -193,7 +196,7 @@ def scatter_elements(ctx):
     data = ctx.shape(0)
     axis = gather_elements_axis(ctx, data)
     ishape, strides = _element_geometry(ctx.shape(1), data)
-    code = SCATTER_CODES[ctx.attr("reduction")]
+    code = SCATTER_CODES[scatter_reduction(ctx)]
     allowed = f"an index in [{-data[axis]}, {data[axis]}) (axis {axis} of data {list(data)})"
 
     def run(x, idx, updates, y):
@@ -257,6 +260,64 @@ def _scatter_add_elements(dy, idx, dx, ishape, strides, axis, n):
         if offset < 0:
             return k
         dx[offset] += dy[k]
+    return -1
+
+
+def one_hot(ctx):
+    outer, depth, inner, _ = one_hot_geometry(ctx)
+
+    def run(idx, _depth, values, y):
+        _one_hot(idx.reshape(outer, inner), values, y.reshape(outer, depth, inner))
+    return run
+
+
+@jit
+def _one_hot(idx, values, y):
+    """y[o, :, i] = off, with on at idx[o, i] (counted back from depth if negative); an index outside
+    [-depth, depth) leaves the row off, as ONNX says (the range check is what keeps the write in y)."""
+    outer, depth, inner = y.shape
+    y[:] = values[0]
+    for o in range(outer):
+        for i in range(inner):
+            x = idx[o, i]
+            if not (x > -depth - 1 and x < depth):    # NaN and huge floats too, before any int conversion
+                continue
+            v = int(x)                                # float indices truncate, as a cast to int64
+            if v < 0:
+                v += depth
+            if v >= 0 and v < depth:
+                y[o, v, i] = values[1]
+
+
+def reverse_sequence(ctx):
+    t_axis, b_axis = reverse_sequence_axes(ctx)
+    shape = ctx.shape(0)
+    steps, inner = shape[t_axis], int(np.prod(shape[2:], dtype=np.int64))
+    allowed = f"a length in [0, {steps}] (the time steps)"
+
+    def run(x, lens, y):
+        view = (shape[0], shape[1], inner)
+        bad = _reverse_sequence(x.reshape(view), lens, y.reshape(view), t_axis)
+        if bad >= 0:
+            raise ctx.bad_value(1, lens, bad, allowed)
+    return run
+
+
+@jit
+def _reverse_sequence(x, lens, y, t_axis):
+    """y[.., t, b, ..] = x[.., lens[b] - 1 - t, b, ..] for t < lens[b], else x; returns the first batch entry
+    whose length is outside [0, steps] (nothing written for it or after), or -1."""
+    steps = x.shape[t_axis]
+    for b in range(lens.shape[0]):
+        n = lens[b]
+        if n < 0 or n > steps:
+            return b
+        for t in range(steps):
+            src = n - 1 - t if t < n else t
+            if t_axis == 0:
+                y[t, b] = x[src, b]
+            else:
+                y[b, t] = x[b, src]
     return -1
 
 

@@ -59,9 +59,10 @@ def test_old_opset_model_is_stamped_13():
 
 
 def test_changed_op_without_rule_is_refused_by_name():
-    # Hardmax-11 normalizes the 2-D flattened input like Softmax-11; edgetrain has no rule for it
-    m = model([helper.make_node("Hardmax", ["x"], ["y"], name="hm")], {"x": X}, ["y"], opset=11)
-    with pytest.raises(UnsupportedOpError, match="node 'hm' \\(Hardmax\\).*opset 11 and opset 13"):
+    # MaxUnpool-9 became MaxUnpool-11 (pads semantics spelled out); edgetrain has no rule for it
+    m = model([helper.make_node("MaxUnpool", ["x", "i"], ["y"], kernel_shape=[2, 2], name="hm")],
+              {"x": IMG, "i": np.zeros(IMG.shape, np.int64)}, ["y"], opset=10)
+    with pytest.raises(UnsupportedOpError, match="node 'hm' \\(MaxUnpool\\).*opset 10 and opset 13"):
         edgetrain.InferenceSession(m.SerializeToString())
     bn = helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y"], spatial=0)
     inits = {k: np.ones(2, np.float32) for k in "gbmv"}

@@ -18,6 +18,7 @@ from . import (
     pool,
     reduce,
     rnn,
+    sampling,
     softmax,
     tensor,
     training,
@@ -25,7 +26,7 @@ from . import (
 from .base import NodeContext, OpDef
 
 FAMILIES = (conv, elementwise, matmul, normalization, pool, reduce, softmax, tensor, training, ort_training, rnn,
-            einsum, indexing)
+            einsum, indexing, sampling)
 
 
 def _build_table() -> dict[tuple[str, str], OpDef]:

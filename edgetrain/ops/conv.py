@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..ir import TensorType
 from .attrs import REQUIRED, Int, Ints, String
 from .base import NodeContext, OpDef
@@ -434,7 +436,42 @@ CONV_TRANSPOSE = OpDef(
     doc="1-D/2-D, the adjoint of Conv: W^T X by np.matmul, then col2im (ConvGrad's dX path); a direct loop "
         "for one output channel per group")
 
+def col2im_geometry(ctx: NodeContext):
+    """(image shape, block shape, strides, dilations, pads begin, pads end, sliding positions per dim), checked
+    against input [N, C * prod(block), L] with L the product of the positions."""
+    x = tuple(ctx.shape(0))
+    image = tuple(int(v) for v in ctx.const(1, "image_shape").reshape(-1))
+    block = tuple(int(v) for v in ctx.const(2, "block_shape").reshape(-1))
+    n = len(image)
+    if len(x) != 3 or n < 1 or len(block) != n or min(image) < 1 or min(block) < 1:
+        raise ctx.error(f"input {list(x)} must be [N, C * prod(block), L] with image_shape {list(image)} and "
+                        f"block_shape {list(block)} of one positive size per spatial dim")
+    strides = _ints(ctx, "strides", n, 1)
+    dilations = _ints(ctx, "dilations", n, 1)
+    pads = ctx.attr("pads")
+    pads = (0,) * (2 * n) if pads is None else tuple(int(v) for v in pads)
+    if len(pads) != 2 * n or min(strides + dilations) < 1:
+        raise ctx.error(f"pads {list(pads)} must have {2 * n} entries, strides and dilations be positive")
+    steps = tuple((i + pb + pe - d * (b - 1) - 1) // s + 1
+                  for i, b, s, d, pb, pe in zip(image, block, strides, dilations, pads[:n], pads[n:]))
+    cells = int(np.prod(block, dtype=np.int64))
+    if min(steps) < 1 or x[1] % cells or x[2] != int(np.prod(steps, dtype=np.int64)):
+        raise ctx.error(f"input {list(x)} must be [N, C * {cells}, {int(np.prod(steps, dtype=np.int64))}] for "
+                        f"blocks {list(block)} sliding {list(steps)} times over image {list(image)}")
+    return image, block, strides, dilations, pads[:n], pads[n:], steps
+
+
+def _col2im(ctx: NodeContext):
+    image, block = col2im_geometry(ctx)[:2]
+    x = ctx.shape(0)
+    return [TensorType(ctx.type(0).dtype, (x[0], x[1] // int(np.prod(block, dtype=np.int64))) + image)]
+
+
 OPS = (
+    OpDef("Col2Im", _col2im, since=18, kernel="conv.col2im", attrs={
+        "dilations": Ints(low=DIM[0], high=DIM[1]), "pads": Ints(low=DIM[0], high=DIM[1]),
+        "strides": Ints(low=DIM[0], high=DIM[1])},
+          doc="N-D; image_shape and block_shape known when planning; sums the overlapping blocks (no gradient)"),
     OpDef("Conv", _conv, since=11, kernel="conv.conv", workspace=conv_workspace, vjp=_conv_vjp, attrs=CONV_ATTRS,
           doc="1-D/2-D; im2col + batched np.matmul, a direct loop for one input channel per group"),
     OpDef("ConvGrad", _conv_grad, domain="com.microsoft", since=1, kernel="conv.conv_grad",

@@ -254,13 +254,29 @@ def _c(g, value, label):
     return g.const(value, _dtype(g), label)
 
 
+def _square(g):
+    return g.emit("Mul", [g.x(0), g.x(0)])
+
+
+def _sqrt_of(g, op, a, b):
+    """sqrt(a op b), numbers among a and b made constants of the input's type (the inverse trig derivatives)."""
+    a, b = (_c(g, v, f"k{v}") if isinstance(v, (int, float)) else v for v in (a, b))
+    return g.emit("Sqrt", [g.emit(op, [a, b])])
+
+
 GRADIENTS = {
     ("", "Abs"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Sign", [g.x(0)])])),
     ("", "Add"): _add_vjp,
+    ("", "Acos"): _unary(lambda g, dy: g.emit("Neg", [g.emit("Div", [dy, _sqrt_of(g, "Sub", 1, _square(g))])])),
+    ("", "Acosh"): _unary(lambda g, dy: g.emit("Div", [dy, _sqrt_of(g, "Sub", _square(g), 1)])),
+    ("", "Asin"): _unary(lambda g, dy: g.emit("Div", [dy, _sqrt_of(g, "Sub", 1, _square(g))])),
+    ("", "Asinh"): _unary(lambda g, dy: g.emit("Div", [dy, _sqrt_of(g, "Add", _square(g), 1)])),
     ("", "Atan"): _unary(lambda g, dy: g.emit("Div", [dy, g.emit("Add", [_c(g, 1, "one"),
                                                                          g.emit("Mul", [g.x(0), g.x(0)])])])),
+    ("", "Atanh"): _unary(lambda g, dy: g.emit("Div", [dy, g.emit("Sub", [_c(g, 1, "one"), _square(g)])])),
     ("", "Clip"): _clip_vjp,
     ("", "Cos"): _unary(lambda g, dy: g.emit("Neg", [g.emit("Mul", [dy, g.emit("Sin", [g.x(0)])])])),
+    ("", "Cosh"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Sinh", [g.x(0)])])),
     ("", "Div"): _div_vjp,
     ("", "Elu"): _unary(lambda g, dy: _elu_like(g, dy, g.attr("alpha"))),
     ("", "Erf"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Mul", [_c(g, 2 / np.sqrt(np.pi), "k"), g.emit(
@@ -282,10 +298,12 @@ GRADIENTS = {
     ("", "Selu"): _unary(lambda g, dy: _elu_like(g, dy, g.attr("alpha"), g.attr("gamma"))),
     ("", "Sigmoid"): _unary(lambda g, dy: g.emit("SigmoidGrad", [dy, g.y()], domain="com.microsoft")),
     ("", "Sin"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Cos", [g.x(0)])])),
+    ("", "Sinh"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Cosh", [g.x(0)])])),
     ("", "Softplus"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Sigmoid", [g.x(0)])])),
     ("", "Sqrt"): _unary(lambda g, dy: g.emit("Div", [dy, g.emit("Mul", [g.y(), _c(g, 2, "two")])])),
     ("", "Sub"): _sub_vjp,
     ("", "Sum"): _variadic_vjp(scale_by_count=False),
+    ("", "Tan"): _unary(lambda g, dy: g.emit("Mul", [dy, g.emit("Add", [_c(g, 1, "one"), g.emit("Mul", [g.y(), g.y()])])])),
     ("", "Tanh"): _unary(lambda g, dy: g.emit("TanhGrad", [dy, g.y()], domain="com.microsoft")),
     ("", "Where"): _where_vjp,
     ("", "Gelu"): _unary(_gelu_vjp),
@@ -319,11 +337,20 @@ GRAD_OPS = (
 )
 
 
+def _is_inf(ctx, x):
+    return (np.isposinf(x) & bool(ctx.attr("detect_positive"))) | (np.isneginf(x) & bool(ctx.attr("detect_negative")))
+
+
 OPS = GRAD_OPS + (
     ew("Abs", _np(np.abs), NUMERIC),
+    ew("Acos", _np(np.arccos), since=7),
+    ew("Acosh", _np(np.arccosh), since=9),
     ew("Add", _np(np.add), NUMERIC, since=14),
     ew("And", _np(np.logical_and), (BOOL,), since=7),
+    ew("Asin", _np(np.arcsin), since=7),
+    ew("Asinh", _np(np.arcsinh), since=9),
     ew("Atan", _np(np.arctan), since=7),
+    ew("Atanh", _np(np.arctanh), since=9),
     ew("BitShift", _bitshift, INTEGERS, since=28, attrs={"direction": String(REQUIRED, ("LEFT", "RIGHT"))},
        doc="opset 28: signed types; out-of-range shifts leave the sign fill"),
     ew("BitwiseAnd", _np(np.bitwise_and), INTEGERS, since=18),
@@ -333,6 +360,7 @@ OPS = GRAD_OPS + (
     ew("Ceil", _np(np.ceil)),
     ew("Clip", _clip, NUMERIC),
     ew("Cos", _np(np.cos), since=7),
+    ew("Cosh", _np(np.cosh), since=9),
     ew("Div", _np(_int_div), NUMERIC, since=14),
     ew("Elu", lambda ctx, x: np.where(x > 0, x, ctx.attr("alpha") * np.expm1(np.minimum(x, 0))), since=6,
        attrs={"alpha": Float(1.0)}),
@@ -348,6 +376,9 @@ OPS = GRAD_OPS + (
     ew("HardSigmoid", lambda ctx, x: np.clip(ctx.attr("alpha") * x + ctx.attr("beta"), 0, 1), since=6,
        attrs={"alpha": Float(0.2), "beta": Float(0.5)}),
     ew("HardSwish", lambda ctx, x: x * np.clip(x / 6 + 0.5, 0, 1), since=14),
+    ew("IsInf", _is_inf, FLOATS, out_dtype=BOOL, since=20,
+       attrs={"detect_negative": Flag(1), "detect_positive": Flag(1)}),
+    ew("IsNaN", _np(np.isnan), FLOATS, out_dtype=BOOL, since=20),
     ew("LeakyRelu", lambda ctx, x: np.where(x >= 0, x, ctx.attr("alpha") * x), since=16,
        attrs={"alpha": LEAKY_ALPHA}),
     ew("Less", _np(np.less), NUMERIC, out_dtype=BOOL),
@@ -365,6 +396,7 @@ OPS = GRAD_OPS + (
     ew("Pow", _np(np.power), ALL_NUMERIC, t_inputs=[0], since=15),
     ew("Reciprocal", _np(np.reciprocal)),
     ew("Relu", _np(lambda x: np.maximum(x, 0)), SIGNED, since=14),
+    ew("Round", _np(np.round), since=11, doc="halves to even"),
     ew("Scale", lambda ctx, x, s: x / s if ctx.attr("scale_down") else x * s, domain="com.microsoft",
        t_inputs=[0], since=1, attrs={"scale_down": Flag(0)}),
     ew("Selu", lambda ctx, x: ctx.attr("gamma") * np.where(
@@ -373,10 +405,12 @@ OPS = GRAD_OPS + (
     ew("Sigmoid", _np(_sigmoid)),
     ew("Sign", _np(np.sign), NUMERIC),
     ew("Sin", _np(np.sin), since=7),
+    ew("Sinh", _np(np.sinh), since=9),
     ew("Softplus", _np(lambda x: np.logaddexp(x, 0)), since=1),
     ew("Sqrt", _np(np.sqrt)),
     ew("Sub", _np(np.subtract), NUMERIC, since=14),
     ew("Sum", _np(lambda *xs: sum(xs))),
+    ew("Tan", _np(np.tan), since=7),
     ew("Tanh", _np(np.tanh)),
     ew("Xor", _np(np.logical_xor), (BOOL,), since=7),
     ew("Where", _np(np.where), ANY, t_inputs=[1, 2], cond_input=0, since=16),

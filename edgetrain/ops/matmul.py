@@ -113,7 +113,36 @@ def _matmul_vjp(g, dys):
     return dx
 
 
+def det_shape(ctx: NodeContext, i: int = 0) -> tuple[int, ...]:
+    """Input ``i``'s [..., M, M], checked square."""
+    shape = tuple(ctx.shape(i))
+    if len(shape) < 2 or shape[-1] != shape[-2]:
+        raise ctx.error(f"input must be [..., M, M] (square matrices), got shape {list(shape)}")
+    return shape
+
+
+def _det(ctx: NodeContext):
+    return [TensorType(ctx.type(0).dtype, det_shape(ctx)[:-2])]
+
+
+def _det_vjp(g, dys):
+    """d det(X) / dX = adj(X)^T (= det(X) X^-T where X is invertible): ai.edgetrain DetGrad(dY, X, Y)."""
+    from .softmax import EDGETRAIN
+    return [g.emit("DetGrad", [dys[0], g.x(0), g.y()], domain=EDGETRAIN)]
+
+
+def _det_grad(ctx: NodeContext):
+    shape = det_shape(ctx, 1)
+    if tuple(ctx.shape(0)) != shape[:-2] or tuple(ctx.shape(2)) != shape[:-2]:
+        raise ctx.error(f"dY and Y must have shape {list(shape[:-2])} (X's without the matrix dims)")
+    return [ctx.type(1)]
+
+
 OPS = (
+    OpDef("Det", _det, since=22, kernel="matmul.det", vjp=_det_vjp,
+          doc="numpy's LAPACK determinant; gradient ai.edgetrain DetGrad (adjugate, also where X is singular)"),
+    OpDef("DetGrad", _det_grad, domain="ai.edgetrain", since=1, kernel="matmul.det_grad",
+          doc="inputs dY, X, Y: dX = dY * adj(X)^T (edgetrain's own: onnxruntime has no Det gradient)"),
     OpDef("FusedMatMul", _fused_matmul, domain="com.microsoft", since=1, kernel="matmul.fused_matmul",
           attrs={"alpha": Float(1.0), "transA": Flag(0), "transB": Flag(0), "transBatchA": Flag(0),
                  "transBatchB": Flag(0)},

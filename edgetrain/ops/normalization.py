@@ -443,7 +443,43 @@ def _lp_normalization_vjp(g, dys):
     return [g.emit("Div", [g.emit("Sub", [dys[0], projection]), norm])]
 
 
+LRN_ATTRS = {"alpha": Float(0.0001), "beta": Float(0.75), "bias": Float(1.0), "size": Int(REQUIRED, low=1)}
+
+
+def lrn_view(ctx: NodeContext, i: int = 0) -> tuple[int, int, int]:
+    """Input ``i`` as [N, C, spatial]; LRN sums squares over a window of ``size`` channels."""
+    shape = tuple(ctx.shape(i))
+    if len(shape) < 2:
+        raise ctx.error(f"input must be [N, C, ...], got shape {list(shape)}")
+    return shape[0], shape[1], int(np.prod(shape[2:], dtype=np.int64))
+
+
+def _lrn(ctx: NodeContext):
+    lrn_view(ctx)
+    return [ctx.type(0)]
+
+
+def _lrn_vjp(g, dys):
+    """s_c = bias + alpha / size * sum of x^2 over c's window, y_c = x_c s_c^-beta:
+    dx_k = dy_k s_k^-beta - 2 alpha beta / size * x_k * sum over the windows c holding k of dy_c y_c / s_c.
+    ai.edgetrain LRNGrad(dY, X, Y) (onnxruntime has no LRN gradient op)."""
+    from .softmax import EDGETRAIN
+    attrs = {k: g.attr(k) for k in LRN_ATTRS}
+    return [g.emit("LRNGrad", [dys[0], g.x(0), g.y()], attrs, EDGETRAIN)]
+
+
+def _lrn_grad(ctx: NodeContext):
+    if not ctx.type(0) == ctx.type(1) == ctx.type(2):
+        raise ctx.error("dY, X and Y must share one type")
+    lrn_view(ctx, 1)
+    return [ctx.type(1)]
+
+
 OPS = (
+    OpDef("LRN", _lrn, since=13, kernel="normalization.lrn", vjp=_lrn_vjp, attrs=LRN_ATTRS,
+          doc="across channels; gradient ai.edgetrain LRNGrad"),
+    OpDef("LRNGrad", _lrn_grad, domain="ai.edgetrain", since=1, kernel="normalization.lrn_grad", attrs=LRN_ATTRS,
+          doc="inputs dY, X, Y: LRN's gradient (edgetrain's own: onnxruntime has none)"),
     OpDef("LpNormalization", _lp_normalization, since=1, kernel="normalization.lp_normalization",
           vjp=_lp_normalization_vjp, attrs={"axis": Int(-1), "p": Int(2, choices=(1, 2))},
           doc="x / ||x||_p along one axis (p 1 or 2); a zero norm gives NaN, as the ONNX reference"),

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..ir import Node, TensorType
 from ..ir.dtypes import to_onnx
-from .attrs import Flag, Ints
+from .attrs import REQUIRED, Flag, Int, Ints
 from .base import NodeContext, OpDef
 from .conv import DIM, POOL_ATTRS, Window, check_rank, smallest_input, window_geometry
 
@@ -16,6 +16,7 @@ HINT = "input_spatial_shape"   # pooling gradients: X's spatial shape where dY's
 MAX_POOL_ATTRS = POOL_ATTRS | {"ceil_mode": Flag(0), "storage_order": Flag(0)}
 AVERAGE_POOL_ATTRS = POOL_ATTRS | {"ceil_mode": Flag(0), "count_include_pad": Flag(0)}
 GRAD_HINT = {HINT: Ints(low=DIM[0], high=DIM[1])}
+LP_POOL_ATTRS = POOL_ATTRS | {"ceil_mode": Flag(0), "p": Int(2, low=1, high=64)}
 
 
 def _kernel_and_ceil(ctx: NodeContext, rank: int) -> tuple[tuple[int, ...], bool]:
@@ -129,6 +130,64 @@ def _global_max_pool_vjp(g, dys):
     return [g.emit("Mul", [hit, g.emit("Div", [dys[0], ties])])]
 
 
+def _lp_pool_vjp(g, dys):
+    """y = (sum over the window of |x|^p)^(1/p): dX = sign(x) |x|^(p-1) * W^T(dY * y^(1-p)), with W^T the window
+    sum's adjoint: com.microsoft ConvGrad's dX for a depthwise convolution with a kernel of ones (pads at the
+    end grown so the convolution's floor arithmetic gives ceil_mode's output)."""
+    x, y, p = g.x(0), g.y(), g.attr("p")
+    t = g.in_types[0]
+    probe = NodeContext(g.node, next(op for op in OPS if op.op_type == "LpPool"), g.opset, [t], [None])
+    win = pool_geometry(probe)
+    spatial = t.shape[2:]
+    ends = [(o - 1) * s + d * (k - 1) + 1 - n - b if o else e for o, s, d, k, n, b, e in zip(
+        win.out, win.strides, win.dilations, win.kernel, spatial, win.pads_begin, win.pads_end)]
+    attrs = {"kernel_shape": list(win.kernel), "strides": list(win.strides), "dilations": list(win.dilations),
+             "pads": list(win.pads_begin) + [max(a, b) for a, b in zip(ends, win.pads_end)], "group": t.shape[1]}
+    ones = g.const(np.ones((t.shape[1], 1) + tuple(win.kernel)), t.dtype, "ones")
+    scaled = g.emit("Mul", [dys[0], g.emit("Pow", [y, g.const(1 - p, t.dtype, "one_minus_p")])])
+    spread = g.emit("ConvGrad", [scaled, x, ones], attrs, MS, outputs=[f"{g.node.name}_Grad/window_sum_adjoint",
+                                                                         "", ""])
+    local = g.emit("Mul", [g.emit("Sign", [x]), g.emit("Pow", [g.emit("Abs", [x]), g.const(p - 1, t.dtype, "p_1")])])
+    return [g.emit("Mul", [spread, local])]
+
+
+def max_unpool_shape(ctx: NodeContext) -> tuple[int, ...]:
+    """Y's shape: output_shape (input 2) when given, else (in - 1) * stride + kernel - pads per spatial dim;
+    Indices must be int64 with X's shape."""
+    x = tuple(ctx.shape(0))
+    if len(x) < 3:
+        raise ctx.error(f"X must be [N, C, spatial...], got shape {list(x)}")
+    idx = ctx.type(1)
+    if idx.dtype != np.int64 or tuple(idx.shape) != x:
+        raise ctx.error(f"Indices must be int64 with X's shape {list(x)}; got {idx}")
+    n = len(x) - 2
+    kernel = tuple(ctx.attr("kernel_shape"))
+    strides = tuple(ctx.attr("strides") or (1,) * n)
+    pads = tuple(ctx.attr("pads") or (0,) * (2 * n))
+    if len(kernel) != n or len(strides) != n or len(pads) != 2 * n:
+        raise ctx.error(f"kernel_shape {list(kernel)}, strides {list(strides)} and pads {list(pads)} must have "
+                        f"{n}, {n} and {2 * n} entries")
+    if ctx.has_input(2):
+        shape = tuple(int(d) for d in ctx.const(2, "output_shape").reshape(-1))
+        if len(shape) != len(x) or shape[:2] != x[:2] or min(shape) < 0:
+            raise ctx.error(f"output_shape {list(shape)} must be X's N, C and {n} spatial sizes")
+        return shape
+    out = tuple((d - 1) * s + k - pb - pe for d, s, k, pb, pe in zip(x[2:], strides, kernel, pads[:n], pads[n:]))
+    if min(out) < 0:
+        raise ctx.error(f"the unpooled spatial shape {list(out)} is negative")
+    return x[:2] + out
+
+
+def _max_unpool(ctx: NodeContext):
+    return [TensorType(ctx.type(0).dtype, max_unpool_shape(ctx))]
+
+
+def _max_unpool_vjp(g, dys):
+    """Y holds X's values at Indices (flat over Y): dX = dY flattened, gathered at Indices."""
+    flat = g.emit("Reshape", [dys[0], g.const([-1], "int64", "flat")])
+    return [g.emit("Gather", [flat, g.x(1)], {"axis": 0}), None, None]
+
+
 def _max_pool_grad(ctx: NodeContext):
     idx = ctx.type(1)
     if idx.dtype != np.int64 or idx.shape != ctx.shape(0):
@@ -150,9 +209,15 @@ OPS = (
     OpDef("GlobalAveragePool", _global_pool, since=1, kernel="pool.global_average_pool",
           vjp=_global_average_pool_vjp),
     OpDef("GlobalMaxPool", _global_max_pool, since=1, kernel="pool.global_max_pool", vjp=_global_max_pool_vjp),
+    OpDef("LpPool", _average_pool, since=18, kernel="pool.lp_pool", vjp=_lp_pool_vjp, attrs=LP_POOL_ATTRS,
+          doc="1-D/2-D; p, ceil_mode, dilations; gradient through com.microsoft ConvGrad"),
     OpDef("MaxPool", _max_pool, since=12, kernel="pool.max_pool", vjp=_max_pool_vjp, grad_outputs=2,
           attrs=MAX_POOL_ATTRS,
           doc="1-D/2-D; optional Indices output (flattened over N*C*H*W, storage_order 0 or 1)"),
+    OpDef("MaxUnpool", _max_unpool, since=22, kernel="pool.max_unpool", vjp=_max_unpool_vjp,
+          attrs={"kernel_shape": Ints(REQUIRED, low=1, high=DIM[1]), "pads": Ints(low=DIM[0], high=DIM[1]),
+                 "strides": Ints(low=1, high=DIM[1])},
+          doc="zeros with X's values at Indices (flat over the output, range-checked); optional output_shape"),
     OpDef("MaxPoolGrad", _max_pool_grad, since=9, kernel="pool.max_pool_grad", attrs=MAX_POOL_ATTRS | GRAD_HINT,
           doc="onnxruntime's (ai.onnx domain): inputs dY, Indices; dX = 0, then dX[Indices] += dY"),
 )

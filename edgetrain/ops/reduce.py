@@ -12,6 +12,7 @@ from ..ir import TensorType
 from ..ir.dtypes import FLOATS, INTS
 from .attrs import Flag, Int, Ints
 from .base import NodeContext, OpDef, normalize_axis
+from .softmax import EDGETRAIN
 
 # the axes attribute is the pre-opset-18 form (ReduceSum: pre-13); later opsets take them as an input
 REDUCE_ATTRS = {"axes": Ints(), "keepdims": Flag(1), "noop_with_empty_axes": Flag(0)}
@@ -204,6 +205,12 @@ def _cumsum(ctx: NodeContext):
 def _cumsum_fold(ctx, x, axis):
     axis = cumsum_axis(ctx)
     flip = (lambda a: np.flip(a, axis)) if ctx.attr("reverse") else (lambda a: a)
+    if ctx.op.op_type == "CumProd":
+        y = np.cumprod(flip(x), axis=axis, dtype=x.dtype)
+        if ctx.attr("exclusive"):     # shift by one along the axis, a leading 1 (no division: x may hold zeros)
+            y = np.concatenate([np.ones_like(np.take(y, [0], axis)), np.delete(y, -1, axis)], axis) if x.shape[
+                axis] else y
+        return flip(y)
     y = np.cumsum(flip(x), axis=axis, dtype=x.dtype)
     if ctx.attr("exclusive"):
         y = y - flip(x)
@@ -214,6 +221,25 @@ def _cumsum_vjp(g, dys):
     """dX = the sums of dY taken the other way: CumSum(dY, axis, exclusive, reverse = not reverse)."""
     return [g.emit("CumSum", [dys[0], g.x(1)], {"exclusive": g.attr("exclusive"),
                                                  "reverse": 1 - g.attr("reverse")}), None]
+
+
+def _cumprod_vjp(g, dys):
+    """dX_k = (product of the x before k) * sum over the y_j that hold x_k of dY_j * (product of the x after k
+    up to j), computed by a backward recurrence without dividing by x (ai.edgetrain CumProdGrad: ORT has none)."""
+    return [g.emit("CumProdGrad", [dys[0], g.x(0), g.x(1)], {"exclusive": g.attr("exclusive"),
+                                                               "reverse": g.attr("reverse")}, EDGETRAIN), None]
+
+
+def _cumprod_grad(ctx: NodeContext):
+    if ctx.type(0) != ctx.type(1):
+        raise ctx.error(f"dY {ctx.type(0)} must match X {ctx.type(1)}")
+    cumprod_grad_axis(ctx)
+    return [ctx.type(1)]
+
+
+def cumprod_grad_axis(ctx: NodeContext) -> int:
+    """CumProdGrad's axis (its input 2), read as CumProd's (input 1) from the context without dY."""
+    return cumsum_axis(NodeContext(ctx.node, ctx.op, ctx.opset, ctx.in_types[1:], ctx.consts[1:]))
 
 
 def arg_axis(ctx: NodeContext) -> int:
@@ -286,6 +312,12 @@ OPS = (
     OpDef("CumSum", _cumsum, since=14, kernel="reduce.cumsum", fold=_cumsum_fold, dtypes=FLOATS + INTS,
           vjp=_cumsum_vjp, attrs={"exclusive": Flag(0), "reverse": Flag(0)},
           doc="axis (input 1) must be known when planning"),
+    OpDef("CumProd", _cumsum, since=26, kernel="reduce.cumprod", fold=_cumsum_fold, dtypes=FLOATS + INTS,
+          vjp=_cumprod_vjp, attrs={"exclusive": Flag(0), "reverse": Flag(0)},
+          doc="axis (input 1) must be known when planning; gradient exact where x holds zeros"),
+    OpDef("CumProdGrad", _cumprod_grad, domain=EDGETRAIN, since=1, kernel="reduce.cumprod_grad",
+          attrs={"exclusive": Flag(0), "reverse": Flag(0)},
+          doc="inputs dY, X, axis: CumProd's gradient (edgetrain's own: onnxruntime has none)"),
     OpDef("ReduceAllL2", _reduce_all_l2, domain="com.microsoft", since=1, kernel="reduce.reduce_all_l2",
           vjp=_reduce_all_l2_vjp, doc="the L2 norm of all elements of all inputs, a scalar"),
     OpDef("ReduceL1", _reduce, since=18, kernel="reduce.reduce_l1", workspace=transformed_workspace,

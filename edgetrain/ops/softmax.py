@@ -132,6 +132,8 @@ def _softmax_grad(ctx: NodeContext):
 
 
 OPS = (
+    OpDef("Hardmax", _softmax, since=13, kernel="softmax.hardmax", attrs=AXIS,
+          doc="1 at the first largest value along the axis (NaN counts as the largest), 0 elsewhere"),
     OpDef("LogSoftmax", _softmax, since=13, kernel="softmax.log_softmax", workspace=_softmax_workspace,
           vjp=_softmax_vjp("LogSoftmaxGrad_13"), attrs=AXIS),
     OpDef("LogSoftmaxGrad_13", _softmax_grad, domain="com.microsoft", since=1, kernel="softmax.log_softmax_grad",

@@ -9,7 +9,7 @@ import numpy as np
 from ..ir import Node, TensorType
 from ..ir.dtypes import to_numpy, to_onnx
 from .attrs import REQUIRED, Flag, Float, Floats, Int, Ints, String, Tensor
-from .base import ALL_NUMERIC, ANY, NodeContext, OpDef, broadcast_shapes, normalize_axis
+from .base import ALL_NUMERIC, ANY, NUMERIC, NodeContext, OpDef, broadcast_shapes, normalize_axis
 
 INDEX = (np.dtype(np.int32), np.dtype(np.int64))
 
@@ -129,7 +129,20 @@ OPS_FOLD = (
           fold=lambda ctx, x: np.array(ctx.shape(0)[_shape_range(ctx)], np.int64)),
     OpDef("Size", lambda ctx: [TensorType(np.int64, ())], kind="fold", dtypes=ANY,
           fold=lambda ctx, x: np.array(ctx.type(0).size, np.int64)),
+    OpDef("EyeLike", lambda ctx: [_eye_like_type(ctx)], since=22, kind="fold", dtypes=ANY,
+          attrs={"dtype": Int(), "k": Int(0)},
+          fold=lambda ctx, x: np.eye(*_eye_like_type(ctx).shape, k=ctx.attr("k"), dtype=_eye_like_type(ctx).dtype)),
 )
+
+
+def _eye_like_type(ctx) -> TensorType:
+    """EyeLike depends on its input's shape only (so it folds): a 2-D output of the ``dtype`` attribute's type,
+    else the input's."""
+    shape = tuple(ctx.shape(0))
+    if len(shape) != 2:
+        raise ctx.error(f"input must be 2-D, got shape {list(shape)}")
+    code = ctx.attr("dtype")
+    return TensorType(ctx.type(0).dtype if code is None else to_numpy(code, f"{ctx.node} attribute dtype"), shape)
 
 
 # --- copies ------------------------------------------------------------------------------------------------
@@ -220,6 +233,11 @@ def _gather_elements_grad(ctx):
 SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
 
 
+def scatter_reduction(ctx) -> str:
+    """ScatterElements' reduction; Scatter (opsets 9-10, ScatterElements under its first name) has none."""
+    return "none" if ctx.node.op_type == "Scatter" else ctx.attr("reduction")
+
+
 def _scatter_elements(ctx):
     data = ctx.shape(0)
     gather_elements_axis(ctx, data)
@@ -231,7 +249,7 @@ def _scatter_elements(ctx):
 def _scatter_elements_vjp(g, dys):
     """reduction none: d data = dY where nothing was written (ScatterElements of zeros), d updates = dY gathered
     at the indices; add: d data = dY, d updates the same gather. mul/max/min: no gradient rule."""
-    reduction = g.attr("reduction")
+    reduction = scatter_reduction(g)
     if reduction not in ("none", "add"):
         raise g.error(f"ScatterElements with reduction '{reduction}' has no gradient rule (none, add)")
     dx = dys[0]
@@ -820,6 +838,51 @@ def _trilu_vjp(g, dys):
     return [g.emit("Trilu", inputs, {"upper": g.attr("upper")}), None]
 
 
+def one_hot_geometry(ctx: NodeContext) -> tuple[int, int, int, int]:
+    """(outer, depth, inner, axis): the output viewed as [outer, depth, inner] around the new axis."""
+    shape = tuple(ctx.shape(0))
+    depth = ctx.const(1, "depth").reshape(-1)
+    if depth.size != 1 or not np.isfinite(depth[0]) or int(depth[0]) < 1:
+        raise ctx.error(f"depth must be one positive number, got {depth.tolist()}")
+    if tuple(ctx.shape(2)) != (2,):
+        raise ctx.error(f"values must be [off_value, on_value] (shape [2]), got {list(ctx.shape(2))}")
+    if ctx.type(2).dtype not in ANY or ctx.type(2).dtype == np.float16:     # a jitted fill: Numba has no float16
+        raise ctx.error(f"element type '{ctx.type(2).dtype}' of values is not supported by OneHot")
+    axis = normalize_axis(ctx, ctx.attr("axis"), len(shape) + 1)
+    return (int(np.prod(shape[:axis], dtype=np.int64)), int(depth[0]),
+            int(np.prod(shape[axis:], dtype=np.int64)), axis)
+
+
+def _one_hot(ctx):
+    outer, depth, inner, axis = one_hot_geometry(ctx)
+    shape = tuple(ctx.shape(0))
+    return [TensorType(ctx.type(2).dtype, shape[:axis] + (depth,) + shape[axis:])]
+
+
+def reverse_sequence_axes(ctx: NodeContext) -> tuple[int, int]:
+    """(time_axis, batch_axis), checked: one is 0, the other 1; sequence_lens is int64 [batch]."""
+    shape = tuple(ctx.shape(0))
+    t, b = ctx.attr("time_axis"), ctx.attr("batch_axis")
+    if len(shape) < 2 or {t, b} != {0, 1}:
+        raise ctx.error(f"time_axis {t} and batch_axis {b} must be 0 and 1 (either way) of an input of rank >= 2, "
+                        f"got shape {list(shape)}")
+    lens = ctx.type(1)
+    if lens.dtype != np.int64 or tuple(lens.shape) != (shape[b],):
+        raise ctx.error(f"sequence_lens must be int64 [{shape[b]}] (one length per batch entry), got {lens}")
+    return t, b
+
+
+def _reverse_sequence(ctx):
+    reverse_sequence_axes(ctx)
+    return [ctx.type(0)]
+
+
+def _reverse_sequence_vjp(g, dys):
+    """A permutation that is its own inverse: dX = ReverseSequence(dY) with the same lengths."""
+    attrs = {"time_axis": g.attr("time_axis"), "batch_axis": g.attr("batch_axis")}
+    return [g.emit("ReverseSequence", [dys[0], g.x(1)], attrs), None]
+
+
 def tile_repeats(ctx: NodeContext) -> tuple[int, ...]:
     shape = ctx.shape(0)
     reps = tuple(int(r) for r in ctx.const(1, "repeats").reshape(-1))
@@ -884,6 +947,9 @@ OPS = OPS_FOLD + (
           attrs={"axis": Int(0)},
           doc="inputs shape, indices, dY; attribute axis: zeros of shape, dY's rows added at the indices"),
     OpDef("Identity", _identity, since=19, kind="alias", dtypes=ANY, vjp=lambda g, dys: [dys[0]]),
+    OpDef("OneHot", _one_hot, since=11, kernel="tensor.one_hot", dtypes=ALL_NUMERIC,
+          attrs={"axis": Int(-1)},
+          doc="depth known when planning; indices outside [-depth, depth) give all off_value, as ONNX says"),
     OpDef("Pad", _pad, since=19, kernel="tensor.pad", dtypes=ANY, vjp=_pad_vjp,
           attrs={"mode": String("constant", ("constant", "reflect", "edge", "wrap")), "pads": Ints()}),
     OpDef("Range", lambda ctx: [_t(ctx, (range_length(ctx),))], since=11, kind="fold", dtypes=RANGE_DTYPES,
@@ -898,6 +964,13 @@ OPS = OPS_FOLD + (
           vjp=_scatter_elements_vjp, attrs={"axis": Int(0), "reduction": String("none", SCATTER_REDUCTIONS)},
           doc="a copy of data with updates written (or combined) where the indices point; repeated indices with "
               "reduction none: the last one wins"),
+    OpDef("ReverseSequence", _reverse_sequence, since=10, kernel="tensor.reverse_sequence",
+          dtypes=NUMERIC + (np.dtype(np.bool_),),     # a jitted copy: Numba has no float16
+          vjp=_reverse_sequence_vjp, attrs={"batch_axis": Int(1), "time_axis": Int(0)},
+          doc="lengths outside [0, time steps] are refused with the batch entry named"),
+    OpDef("Scatter", _scatter_elements, since=9, kernel="tensor.scatter_elements", dtypes=ANY,
+          vjp=_scatter_elements_vjp, attrs={"axis": Int(0)},
+          doc="opsets 9-10: ScatterElements without reduction, under its first name"),
     OpDef("Slice", _slice, kernel="tensor.slice", dtypes=ANY, vjp=_slice_vjp),
     OpDef("SliceGrad", _slice_grad, domain=MS, since=1, kernel="tensor.slice_grad", dtypes=ANY,
           doc="inputs dY, shape, starts, ends[, axes, steps]: zeros of shape with dY written into the slice"),

@@ -39,7 +39,7 @@ class Specialized:
     consts: dict[str, np.ndarray]
 
 
-ALWAYS_FOLD = {("", "Shape"), ("", "Size"), ("", "Constant")}
+ALWAYS_FOLD = {("", "Shape"), ("", "Size"), ("", "Constant"), ("", "EyeLike")}   # read shapes only
 
 
 def specialize(graph: Graph, input_types: dict[str, TensorType], output_names: list[str],

@@ -396,3 +396,32 @@ def test_conv_grad_runs_in_onnxruntime_119(ort):
         assert len(ours) == len(theirs)
         for a, b in zip(ours, theirs):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+# --- Col2Im ---------------------------------------------------------------------------------------------------
+
+COL2IM_CASES = {
+    "plain": ((2, 2, 3, 4), (2, 2), {}),
+    "strides_pads_dilations": ((1, 3, 5, 6), (2, 3), dict(strides=[2, 1], pads=[1, 0, 1, 2], dilations=[1, 2])),
+    "1d": ((2, 2, 7), (3,), dict(strides=[2], pads=[1, 1])),
+    "3d": ((1, 2, 3, 4, 3), (2, 2, 2), dict(pads=[0, 1, 0, 0, 1, 1])),
+}
+
+
+@pytest.mark.parametrize("case", list(COL2IM_CASES))
+def test_col2im_against_reference(case):
+    """The reference evaluator (onnxruntime's Col2Im is 2-D only) and, for 2-D cases, onnxruntime."""
+    shape, block, attrs = COL2IM_CASES[case]
+    image, rank = shape[2:], len(block)
+    n, c = shape[0], shape[1]
+    strides, dil = attrs.get("strides", [1] * rank), attrs.get("dilations", [1] * rank)
+    pads = attrs.get("pads", [0] * 2 * rank)
+    steps = [(i + pads[k] + pads[k + rank] - dil[k] * (b - 1) - 1) // strides[k] + 1
+             for k, (i, b) in enumerate(zip(image, block))]
+    x = np.random.default_rng(len(case)).standard_normal((n, c * int(np.prod(block)), int(np.prod(steps))))
+    x = x.astype(np.float32)
+    m = model(helper.make_node("Col2Im", ["x", "i", "b"], ["y"], **attrs), {"x": x}, ["y"], opset=18,
+              initializers={"i": np.array(image, np.int64), "b": np.array(block, np.int64)})
+    assert_matches(m, {"x": x}, rtol=1e-5, atol=1e-5)
+    if rank == 2:
+        assert_matches(m, {"x": x}, oracle=run_onnxruntime, rtol=1e-5, atol=1e-5)

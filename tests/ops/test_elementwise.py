@@ -84,6 +84,14 @@ def values(rng, shape, dtype, domain="any"):
         x = rng.uniform(0.5, 2.0, size=shape)
     elif domain == "exp":
         x = rng.uniform(-2.0, 2.0, size=shape)
+    elif domain == "unit":          # inside (-1, 1): Asin, Acos, Atanh (and Tan away from its poles)
+        x = rng.uniform(-0.95, 0.95, size=shape)
+    elif domain == "above1":        # Acosh
+        x = rng.uniform(1.05, 4.0, size=shape)
+    elif domain == "halves":        # Round's ties (to even) among ordinary values
+        x = np.where(rng.random(shape) < 0.5, rng.integers(-8, 9, size=shape) * 0.5, rng.standard_normal(shape) * 3)
+    elif domain == "special":       # IsInf, IsNaN
+        x = rng.choice(np.array([0.0, -1.5, 2.0, 1e30, np.inf, -np.inf, np.nan]), size=shape)
     elif domain == "int_exp":
         x = rng.integers(-3, 4, size=shape).astype(np.float64)
     else:
@@ -236,7 +244,9 @@ GRAD_ORACLES = {
     "TanhGrad": _f64(lambda a, dy, y: dy * (1 - y * y)),
 }
 
-UNARY_FLOAT = {"Atan": "any", "Ceil": "any", "Cos": "any", "Erf": "any", "Exp": "any", "Floor": "any",
+UNARY_FLOAT = {"Acos": "unit", "Acosh": "above1", "Asin": "unit", "Asinh": "any", "Atanh": "unit",
+               "Cosh": "exp", "Round": "halves", "Sinh": "exp", "Tan": "unit", "IsNaN": "special",
+               "Atan": "any", "Ceil": "any", "Cos": "any", "Erf": "any", "Exp": "any", "Floor": "any",
                "Log": "positive", "Reciprocal": "nonzero", "Sigmoid": "any", "Sin": "any", "Softplus": "any",
                "Sqrt": "positive", "Tanh": "any"}
 UNARY_NUMERIC = ("Abs", "Neg", "Relu", "Sign")
@@ -252,6 +262,8 @@ CASES = (
        Case("Selu", unary(), label="default"), Case("Selu", unary(), attrs={"alpha": 1.5, "gamma": 2.0}),
        Case("Gelu", unary(), domain="com.microsoft", oracle=gelu_oracle),
        Case("Not", unary(), (BOOL,))]
+    + [Case("IsInf", unary("special"), attrs={"detect_negative": n, "detect_positive": p}, label=f"n{n}p{p}")
+       for n in (0, 1) for p in (0, 1)]
     + [Case(op, binary(), NUMERIC) for op in ("Add", "Sub", "Mul")]
     + [Case("Div", binary("any", "nonzero"), NUMERIC)]
     + [Case("Pow", binary("base", "exp"), FLOATS, label="float_exp"),
@@ -370,7 +382,7 @@ STABLE = {"Softplus": lambda x: np.logaddexp(x, np.float32(0)),
 
 
 @pytest.mark.parametrize("op", sorted(UNARY_FLOAT) + list(UNARY_NUMERIC) + ["Elu", "HardSigmoid", "HardSwish",
-                                                                            "LeakyRelu", "Selu"])
+                                                                            "LeakyRelu", "Selu", "IsInf"])
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_special_values(op):
     """inf, nan, signed zeros and overflow-prone magnitudes: no exception, no int conversion, NaN kept."""

@@ -23,7 +23,7 @@ def rand(shape, dtype=np.float32, key=None):
 
 
 def test_every_matmul_op_is_covered():
-    assert {op.op_type for op in matmul.OPS} <= {"MatMul", "Gemm", "FusedMatMul"}
+    assert {op.op_type for op in matmul.OPS} <= {"MatMul", "Gemm", "FusedMatMul", "Det", "DetGrad"}
 
 
 # --- MatMul ------------------------------------------------------------------------------------------------
@@ -178,3 +178,27 @@ def test_gemm_errors():
 def test_fused_matmul_trans_batch_rejected():
     _plan_error(helper.make_node("FusedMatMul", ["a", "b"], ["y"], name="fb", domain="com.microsoft",
                                  transBatchA=1), {"a": rand((2, 3, 4)), "b": rand((4, 5))})
+
+
+# --- Det --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(3, 3), (2, 4, 4), (1, 1), (2, 3, 2, 2)])
+def test_det_against_onnxruntime(shape):
+    from oracle import run_onnxruntime
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    m = model(helper.make_node("Det", ["x"], ["y"]), {"x": x}, ["y"], opset=11)
+    assert_matches(m, {"x": x}, oracle=run_onnxruntime, rtol=1e-5, atol=1e-5)
+
+
+def test_det_gradient_by_finite_differences_also_where_singular():
+    """det is linear in each entry, so central differences are exact up to rounding: an oracle that also holds
+    at a singular X, where the gradient is the (non-zero) adjugate and X^-1 does not exist (torch 2.13 returns
+    zeros there)."""
+    from gradcheck import check_gradients
+
+    from edgetrain.ir import Node, TensorType
+    x = np.random.default_rng(0).standard_normal((2, 3, 3))
+    check_gradients([Node("Det", ["x"], ["y"], {}, "det")], {"x": x}, ["y"], [TensorType(np.float64, (2,))], opset=11)
+    x[1, 2] = x[1, 0] + x[1, 1]
+    check_gradients([Node("Det", ["x"], ["y"], {}, "det")], {"x": x}, ["y"], [TensorType(np.float64, (2,))], opset=11,
+                    samples=18)

@@ -545,3 +545,47 @@ def test_lp_normalization_gradient_matches_torch(p, opset):
     xt = torch.tensor(x, requires_grad=True)
     (F.normalize(xt, p=p, dim=1, eps=0.0) * torch.tensor(cot)).sum().backward()
     np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# --- LRN ------------------------------------------------------------------------------------------------------
+
+LRN_CASES = [((2, 5, 3, 4), dict(size=3)), ((2, 6, 3, 2), dict(size=4, alpha=0.01, beta=0.6, bias=2.0)),
+             ((1, 4, 2, 2), dict(size=1)), ((2, 3, 2, 2), dict(size=7, alpha=0.5, beta=1.2, bias=0.5))]
+
+
+@pytest.mark.parametrize("shape,attrs", LRN_CASES)
+def test_lrn_against_onnxruntime(shape, attrs):
+    x = np.random.default_rng(len(shape) + attrs["size"]).standard_normal(shape).astype(np.float32) * 3
+    m = model(helper.make_node("LRN", ["x"], ["y"], **attrs), {"x": x}, ["y"], opset=13)
+    # onnxruntime takes odd sizes only, and the reference evaluator loops over N instead of C: for even sizes
+    # the spec's formula in naive loops
+    oracle = run_onnxruntime if attrs["size"] % 2 else (lambda m, feeds: [_lrn_naive(feeds["x"], **attrs)])
+    assert_matches(m, {"x": x}, oracle=oracle, rtol=1e-5, atol=1e-6)
+
+
+def _lrn_naive(x, size, alpha=1e-4, beta=0.75, bias=1.0):
+    y = np.empty_like(x)
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+    for c in range(x.shape[1]):
+        window = x[:, max(0, c - lo):min(x.shape[1], c + hi + 1)].astype(np.float64)
+        y[:, c] = x[:, c] / (bias + alpha / size * (window ** 2).sum(axis=1)) ** beta
+    return y
+
+
+@pytest.mark.parametrize("shape,attrs", LRN_CASES)
+def test_lrn_gradient_by_finite_differences(shape, attrs):
+    x = np.random.default_rng(attrs["size"]).standard_normal(shape) * 2
+    check_gradients([Node("LRN", ["x"], ["y"], attrs, "lrn")], {"x": x}, ["y"], [TensorType(np.float64, shape)],
+                    opset=13, samples=8)
+
+
+def test_lrn_gradient_like_torch():
+    """torch's window matches ONNX's for odd sizes (torch sums the squares by an average pool: 1e-7 apart)."""
+    x = np.random.default_rng(3).standard_normal((2, 7, 3, 3)) * 2
+    attrs = dict(size=5, alpha=0.3, beta=0.9, bias=1.5)
+    sess, graph = gradient_session([Node("LRN", ["x"], ["y"], attrs, "lrn")], {"x": x}, {}, ["y"],
+                                   [TensorType(np.float64, x.shape)], opset=13)
+    t = torch.from_numpy(x).requires_grad_()
+    y = F.local_response_norm(t, 5, alpha=0.3, beta=0.9, k=1.5)
+    (y * torch.from_numpy(graph.initializers["cot_0"])).sum().backward()
+    np.testing.assert_allclose(sess.run(None, {"x": x})[1], t.grad.numpy(), rtol=1e-6, atol=1e-9)

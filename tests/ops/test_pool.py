@@ -458,3 +458,63 @@ def test_pool_grads_run_in_onnxruntime_119(ort):
             cases.append((m, feeds))
     for (m, feeds), theirs in zip(cases, ort.run_models(cases)):
         np.testing.assert_allclose(run_edgetrain(m, feeds)[0], theirs[0], rtol=1e-6, atol=1e-7)
+
+
+# --- LpPool -------------------------------------------------------------------------------------------------
+
+LP_CASES = ["3x3_s1_pad1", "asym_pads", "dilations", "ceil_mode", "ceil_mode_pads", "same_upper", "1d"]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("case", LP_CASES)
+def test_lp_pool_against_onnxruntime(case, p):
+    """onnxruntime (the reference evaluator's LpPool reads past the input with ceil_mode)."""
+    shape, attrs = MAX_CASES[case]
+    x = _seed(case, p).standard_normal(shape).astype(np.float32)
+    m = _pool_model("LpPool", x, dict(attrs, p=p), opset=18)
+    assert_matches(m, {"X": x}, oracle=run_onnxruntime, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("case", ["asym_pads", "dilations", "ceil_mode_pads", "1d"])
+def test_lp_pool_gradient_by_finite_differences(case, p):
+    from gradcheck import check_gradients
+
+    from edgetrain.ir import Node, TensorType
+    shape, attrs = MAX_CASES[case]
+    x = _seed(case, p, "grad").standard_normal(shape)
+    x = np.where(np.abs(x) < 0.1, x + 0.3, x)     # away from |x|'s kink
+    y = run_reference(_pool_model("LpPool", x, dict(attrs, p=p), opset=18), {"X": x})[0]
+    check_gradients([Node("LpPool", ["x"], ["y"], dict(attrs, p=p), "lp")], {"x": x}, ["y"],
+                    [TensorType(np.float64, y.shape)], opset=18, samples=8)
+
+
+# --- MaxUnpool ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("with_shape", [False, True])
+def test_max_unpool_against_onnxruntime_and_its_gradient(with_shape):
+    """MaxPool's Indices unpooled (with output_shape: one larger than the pooled size gives), a bad index
+    refused by name, dX by finite differences."""
+    from gradcheck import check_gradients
+
+    from edgetrain.ir import Node, TensorType
+    rng = _seed("unpool", with_shape)
+    x = rng.standard_normal((2, 3, 3, 2)).astype(np.float32)
+    idx = np.stack([rng.permutation(36)[:6] for _ in range(6)]).reshape(2, 3, 3, 2).astype(np.int64)
+    idx += (np.arange(6) * 36).reshape(2, 3, 1, 1)     # flat over the whole [2, 3, 6, 6] output
+    attrs = dict(kernel_shape=[2, 2], strides=[2, 4])   # unpools [3, 2] to [6, 6]
+    inputs, inits = ["X", "I"], {}
+    if with_shape:
+        inputs.append("S")
+        inits["S"] = np.array([2, 3, 7, 6], np.int64)
+        idx = idx // 36 * 42 + idx % 36               # offsets into [7, 6] planes
+    m = model(helper.make_node("MaxUnpool", inputs, ["Y"], name="up", **attrs), {"X": x, "I": idx}, ["Y"],
+              initializers=inits, opset=11)
+    assert_matches(m, {"X": x, "I": idx}, oracle=run_onnxruntime)
+    bad = idx.copy()
+    bad[1, 2, 0, 1] = -3
+    with pytest.raises(InputError, match=r"'up'.*input 1 \('I'\) holds -3 at \[1, 2, 0, 1\]"):
+        run_edgetrain(m, {"X": x, "I": bad})
+    out = (2, 3, 7, 6) if with_shape else (2, 3, 6, 6)
+    check_gradients([Node("MaxUnpool", inputs, ["y"], attrs, "up")], {"X": x.astype(np.float64)}, ["y"],
+                    [TensorType(np.float64, out)], consts={"I": idx, **inits}, opset=11)

@@ -133,6 +133,43 @@ def test_cumsum_gradient_by_finite_differences():
                             {"x": x}, ["y"], [TensorType(np.float64, (3, 4))], consts={"a": np.array(1, np.int64)})
 
 
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64], ids=str)
+def test_cumprod_against_reference(axis, exclusive, reverse, dtype):
+    """The ONNX reference evaluator (onnxruntime has no CumProd-26); in-range values, a few zeros."""
+    rng = np.random.default_rng(axis + 7)
+    x = (rng.integers(-3, 4, (3, 4, 5)) if dtype == np.int64 else rng.uniform(-2, 2, (3, 4, 5))).astype(dtype)
+    m = model(helper.make_node("CumProd", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse), {"x": x}, ["y"],
+              initializers={"a": np.array(axis, np.int32)}, opset=26)
+    assert_matches(m, {"x": x}, oracle=run_reference)
+
+
+def test_cumprod_gradient_by_finite_differences_and_torch_with_zeros():
+    """Central differences; with zeros in x (where a formula dividing by x breaks) against torch.cumprod."""
+    import torch
+    from gradcheck import check_gradients, gradient_session
+
+    from edgetrain.ir import Node, TensorType
+    x = np.random.default_rng(0).uniform(0.5, 1.5, (3, 5)) * np.where(np.arange(15).reshape(3, 5) % 2, 1, -1)
+    for exclusive in (0, 1):
+        for reverse in (0, 1):
+            node = Node("CumProd", ["x", "a"], ["y"], {"exclusive": exclusive, "reverse": reverse}, "cp")
+            check_gradients([node], {"x": x}, ["y"], [TensorType(np.float64, (3, 5))],
+                            consts={"a": np.array(1, np.int64)}, opset=26)
+    z = x.copy()
+    z[0, 1] = z[1, 2] = z[1, 3] = z[2, 4] = 0.0
+    for reverse in (0, 1):
+        node = Node("CumProd", ["x", "a"], ["y"], {"reverse": reverse}, "cp")
+        sess, graph = gradient_session([node], {"x": z}, {"a": np.array(1, np.int64)}, ["y"],
+                                       [TensorType(np.float64, (3, 5))], opset=26)
+        t = torch.from_numpy(z).requires_grad_()
+        y = torch.cumprod(t.flip(1), 1).flip(1) if reverse else torch.cumprod(t, 1)
+        (y * torch.from_numpy(graph.initializers["cot_0"])).sum().backward()
+        np.testing.assert_allclose(sess.run(None, {"x": z})[1], t.grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
 @pytest.mark.parametrize("axis", [0, 1, -1])
 @pytest.mark.parametrize("keepdims", [0, 1])

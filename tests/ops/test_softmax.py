@@ -136,3 +136,28 @@ def test_sce_large_logits_match_onnxruntime_and_torch(reduction):
     np.testing.assert_allclose(ours[0], want, rtol=1e-6)
     np.testing.assert_allclose(ours[1], torch.log_softmax(torch.tensor(x, dtype=torch.float64), 1).numpy(),
                                rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1, 2])
+def test_hardmax_against_onnxruntime(axis):
+    """Ties (small integers) go to the first largest, as onnxruntime does."""
+    x = np.random.default_rng(axis + 2).integers(-2, 3, (3, 4, 5)).astype(np.float32)
+    m = model(helper.make_node("Hardmax", ["x"], ["y"], axis=axis), {"x": x}, ["y"], opset=13)
+    assert_matches(m, {"x": x}, oracle=run_onnxruntime)
+
+
+def test_hardmax_nan_is_the_largest_like_numpy_argmax():
+    x = np.array([[1.0, np.nan, 3.0, np.nan], [2.0, 5.0, 5.0, -1.0]], np.float32)
+    m = model(helper.make_node("Hardmax", ["x"], ["y"]), {"x": x}, ["y"], opset=13)
+    want = np.eye(4, dtype=np.float32)[np.argmax(x, axis=1)]
+    np.testing.assert_array_equal(run_edgetrain(m, {"x": x})[0], want)
+
+
+@pytest.mark.parametrize("axis", [None, 0, 2])
+def test_hardmax_11_coerces_to_2d_like_onnxruntime(axis):
+    """Before opset 13 Hardmax is taken over the input flattened to 2-D at axis (default 1): the load rule
+    Softmax-1..12 uses."""
+    x = np.random.default_rng(5).standard_normal((2, 3, 4)).astype(np.float32)
+    attrs = {} if axis is None else {"axis": axis}
+    m = model(helper.make_node("Hardmax", ["x"], ["y"], **attrs), {"x": x}, ["y"], opset=11)
+    assert_matches(m, {"x": x}, oracle=run_onnxruntime)

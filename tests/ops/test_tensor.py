@@ -68,7 +68,8 @@ def test_every_tensor_op_is_covered():
     tested = {"Constant", "ConstantOfShape", "Shape", "Size", "Cast", "Concat", "Dropout", "Expand",
               "Flatten", "Gather", "Identity", "Pad", "Reshape", "Resize", "Slice", "Split", "Squeeze",
               "Transpose", "Unsqueeze", "GatherGrad", "SliceGrad", "DropoutGrad", "ResizeGrad", "Range", "Tile",
-              "Trilu", "GatherElements", "GatherElementsGrad", "ScatterElements", "CastLike"}
+              "Trilu", "GatherElements", "GatherElementsGrad", "ScatterElements", "CastLike",
+              "OneHot", "EyeLike", "Scatter", "ReverseSequence"}
     assert {op.op_type for op in tensor.OPS} <= tested
 
 
@@ -1042,6 +1043,27 @@ def test_scatter_elements_gradients_by_finite_differences(reduction):
                     {"x": x, "u": u}, ["y"], [TensorType(np.float64, (3, 4))], consts={"i": idx}, opset=18)
 
 
+@pytest.mark.parametrize("axis", [0, -1])
+def test_scatter_opset10_against_onnxruntime_and_its_gradient(axis):
+    """Scatter (opsets 9-10) is ScatterElements without reduction; a bad index is refused the same way."""
+    rng = rng_for("scatter10", axis)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    shape = [3, 4]
+    shape[axis] = 2
+    idx = _distinct_indices(rng, shape, axis % 2, x.shape[axis])
+    u = rng.standard_normal(shape).astype(np.float32)
+    m = model(helper.make_node("Scatter", ["x", "i", "u"], ["y"], axis=axis, name="sc"), {"x": x, "i": idx, "u": u},
+              ["y"], opset=10)
+    assert_matches(m, {"x": x, "i": idx, "u": u}, oracle=run_onnxruntime)
+    check_gradients([Node("Scatter", ["x", "i", "u"], ["y"], {"axis": axis}, "sc")],
+                    {"x": x.astype(np.float64), "u": u.astype(np.float64)}, ["y"], [TensorType(np.float64, (3, 4))],
+                    consts={"i": idx}, opset=10)
+    bad = idx.copy()
+    bad.reshape(-1)[1] = 7
+    with pytest.raises(InputError, match=r"'sc'.*input 1 \('i'\) holds 7"):
+        run_edgetrain(m, {"x": x, "i": bad, "u": u})
+
+
 @pytest.mark.parametrize("limit", [np.inf, np.nan])
 def test_range_refuses_a_non_finite_bound(limit):
     """A hostile model's limit of inf or NaN: a ShapeError naming the node, not an OverflowError from int()."""
@@ -1062,3 +1084,53 @@ def test_trilu_and_range_refuse_malformed_scalars():
     m = model([helper.make_node("Range", ["s", "l", "d"], ["y"], name="rng")], {"x": x}, ["y"], initializers=consts)
     with pytest.raises(ShapeError, match="'rng'.*must be scalars"):
         run_edgetrain(m, {"x": x})
+
+
+# --- OneHot, EyeLike -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [-1, 0, 1, -2])
+@pytest.mark.parametrize("idx_dtype", [np.int64, np.int32, np.float32], ids=str)
+def test_one_hot_against_reference(axis, idx_dtype):
+    """Negative indices count back; indices outside [-depth, depth) give rows of off_value (the reference
+    evaluator: onnxruntime lacks most index/value type pairs)."""
+    idx = np.array([[0, 3, -1], [-4, 5, 2]], idx_dtype) if idx_dtype != np.float32 else np.array(
+        [[0.0, 3.0, -1.0], [-4.0, 9.0, 2.0]], np.float32)   # integral: the evaluator does not truncate
+    values = np.array([-2.0, 5.0], np.float32)
+    m = model(helper.make_node("OneHot", ["i", "d", "v"], ["y"], axis=axis), {"i": idx}, ["y"],
+              initializers={"d": np.array(4, np.int64), "v": values}, opset=11)
+    assert_matches(m, {"i": idx}, oracle=run_reference)
+
+
+def test_one_hot_with_nan_and_huge_indices_writes_only_off_values():
+    idx = np.array([np.nan, 1e30, -1e30, np.inf, 1.0], np.float32)
+    m = model(helper.make_node("OneHot", ["i", "d", "v"], ["y"]), {"i": idx}, ["y"],
+              initializers={"d": np.array(3, np.int64), "v": np.array([0, 1], np.int64)}, opset=11)
+    y = run_edgetrain(m, {"i": idx})[0]
+    np.testing.assert_array_equal(y, [[0, 0, 0]] * 4 + [[0, 1, 0]])
+
+
+@pytest.mark.parametrize("k", [0, 1, -2, 7])
+@pytest.mark.parametrize("dtype", [None, TensorProto.INT32, TensorProto.DOUBLE])
+def test_eye_like_against_onnxruntime(k, dtype):
+    x = np.zeros((3, 5), np.float32)
+    attrs = {"k": k} if dtype is None else {"k": k, "dtype": dtype}
+    m = model(helper.make_node("EyeLike", ["x"], ["y"], **attrs), {"x": x}, ["y"], opset=9)
+    assert_matches(m, {"x": x}, oracle=run_onnxruntime)
+
+
+# --- ReverseSequence ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("time_axis", [0, 1])
+def test_reverse_sequence_against_onnxruntime_and_its_gradient(time_axis):
+    batch_axis = 1 - time_axis
+    shape = [5, 3, 2] if time_axis == 0 else [3, 5, 2]
+    x = rng_for("revseq", time_axis).standard_normal(shape).astype(np.float32)
+    lens = np.array([5, 0, 3], np.int64)
+    m = model(helper.make_node("ReverseSequence", ["x", "l"], ["y"], time_axis=time_axis, batch_axis=batch_axis,
+                               name="rs"), {"x": x, "l": lens}, ["y"], opset=10)
+    assert_matches(m, {"x": x, "l": lens}, oracle=run_onnxruntime)
+    check_gradients([Node("ReverseSequence", ["x", "l"], ["y"], {"time_axis": time_axis, "batch_axis": batch_axis},
+                          "rs")], {"x": x.astype(np.float64)}, ["y"], [TensorType(np.float64, tuple(shape))],
+                    consts={"l": lens}, opset=10)
+    with pytest.raises(InputError, match=r"'rs'.*input 1 \('l'\) holds 6 at \[1\]"):
+        run_edgetrain(m, {"x": x, "l": np.array([1, 6, 2], np.int64)})
