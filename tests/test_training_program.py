@@ -83,3 +83,15 @@ def test_the_optimizer_step_counts_and_reads_its_learning_rate(shared):
     opt.learning_rate = 1e-2
     opt.run()
     assert opt.step_count == 2 and np.abs(tp.store.params - params).max() > 0
+
+
+def test_launchers_are_bound_once(shared):
+    """Every launcher that offers ``bind`` (kernels.bindable) was bound when the program was made: a steady step
+    calls the bound functions on the same views, never a launcher that would reshape per call."""
+    _, tp = _digits(shared)
+    tp.run(True, _batch(1))
+    progs = [p for _, p in tp.programs()]
+    calls = [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
+    assert all(not hasattr(fn, "bind") for p in progs for fn, _ in p.calls)
+    tp.run(True, _batch(2))
+    assert calls == [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
