@@ -259,7 +259,8 @@ class Module:
         ort_values = False   # plain arrays in (the steady path): plain arrays out
         for x in user_inputs:
             if type(x) is not np.ndarray:   # a subclass (np.memmap, OrtValue, ...) or no array: its plain view
-                ort_values = not any(isinstance(x, np.ndarray) and not isinstance(x, OrtValue) for x in user_inputs)
+                ort_values = not any(isinstance(a, np.ndarray) and not isinstance(a, OrtValue)
+                                     for a in user_inputs)
                 user_inputs = _plain_arrays(io, user_inputs)
                 break
         outs, results = self._runtime.run(self.training, user_inputs)

@@ -11,7 +11,7 @@ from .ir import Graph, TensorType, Value
 from .ir.dtypes import ORT_TYPE_NAME
 from .plan import make_plan
 from .runtime import Program
-from .runtime.feeds import bind_feeds  # noqa: F401  (edgetrain.session.bind_feeds, as before)
+from .runtime.feeds import bind_feeds
 
 
 VALUE_INPUT_SIZE = 64    # elements: inputs up to this size may be planned per value (shape, axes, pads, limits)

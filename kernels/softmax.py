@@ -355,8 +355,8 @@ def _softmax_grad_launcher(ctx, log: bool):
 
     @bindable
     def bind(dy, y, dx):
-        return _softmax_grad, (dy.reshape(outer, n, inner), y.reshape(outer, n, inner), dx.reshape(outer, n, inner),
-                               log)
+        shape = (outer, n, inner)
+        return _softmax_grad, (dy.reshape(shape), y.reshape(shape), dx.reshape(shape), log)
     return bind
 
 

@@ -477,7 +477,8 @@ def test_gradients_go_straight_into_the_state(shared, tmp_path, name):
     left = sum(b.node.op_type == "InPlaceAccumulatorV2" for s in plan.steps for b in s.nodes)
     assert left == len(module.state_store.names) - len(plan.direct_gradients)
 
-    literal = {f"{p}_grad.accumulation.buffer": np.zeros_like(module.state_store.grad(p)) for p in module.state_store.names}
+    store = module.state_store
+    literal = {f"{p}_grad.accumulation.buffer": np.zeros_like(store.grad(p)) for p in store.names}
     external = module.training_program.external(True) | literal
     external["lazy_reset_grad"] = np.ones(1, bool)
     types = {v.name: TensorType(external[v.name].dtype, external[v.name].shape) if v.name in external else

@@ -93,8 +93,9 @@ class TrainingProgram:
                                      f"{TensorType(array.dtype, array.shape)}, the training model expects {want}")
         frozen = [p for p in self.train_io.params if p not in set(trainable)]
         self.max_memory = budget.resolve(max_memory)
-        budget.check(planned_nbytes({p: declared[p].type for p in trainable}, {p: declared[p].type for p in frozen}),
-                     self.max_memory, "the training model's state (parameters, two gradient arrays, frozen parameters)")
+        budget.check(planned_nbytes({p: declared[p].type for p in trainable},
+                                    {p: declared[p].type for p in frozen}), self.max_memory,
+                     "the training model's state (parameters, two gradient arrays, frozen parameters)")
 
         def initial(p):
             a = values[p]
@@ -176,8 +177,9 @@ class TrainingProgram:
             io = self.io(training)
             prog, step = self.planned(training, dict(zip(io.user_inputs, user_inputs)))
             names = prog.plan.spec.output_names
-            bound = self._bound[key] = BoundStep(prog, step, [io.user_inputs.index(n) for n in prog.plan.fed_inputs],
-                                                 [k for k, name in enumerate(names) if name in io.outputs])
+            feed_order = [io.user_inputs.index(n) for n in prog.plan.fed_inputs]
+            results = [k for k, name in enumerate(names) if name in io.outputs]
+            bound = self._bound[key] = BoundStep(prog, step, feed_order, results)
         return bound
 
     # -- steps --------------------------------------------------------------------------------------------------
