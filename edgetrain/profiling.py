@@ -220,7 +220,7 @@ def _lifetime_peak_rss() -> int:
 # -- the profile ----------------------------------------------------------------------------------------------
 def _state_bound(kind: str, plan, store, moments: list[str]) -> dict[str, int]:
     """Bytes of the state store that a step's program binds, by kind."""
-    from .api import BUFFER
+    from .runtime.training import BUFFER
     out = {"parameters": 0, "gradients": 0, "moments": 0, "frozen": 0}
     if kind == "optimizer":
         names = plan.external
@@ -344,8 +344,9 @@ def profile_artifacts(folder, batch_size: int | None = None, steps: int = 20, da
     (their fields stay zero): step times and the per-kernel breakdown only, for models whose steps take seconds.
     """
     from . import budget
-    from .api import MOMENT_INPUTS, CheckpointState, Module, Optimizer
+    from .api import CheckpointState, Module, Optimizer
     from .kernels import _jit
+    from .runtime.training import MOMENT_INPUTS
 
     folder = Path(folder)
     max_memory = budget.resolve(max_memory)

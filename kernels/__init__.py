@@ -3,3 +3,14 @@
 ``_jit`` is imported first so it configures Numba (cache dir, threads) before any kernel module imports it.
 """
 from . import _jit  # noqa: F401
+
+
+def bindable(bind):
+    """A launcher made from ``bind(*arrays) -> (fn, args)``: a program calls ``bind`` once with the arrays it
+    planned (arena views, fixed per input shape) and then only ``fn(*args)`` each step, so views, reshapes and
+    choices fixed by the shapes are made once; a direct call binds and runs."""
+    def run(*arrays):
+        fn, args = bind(*arrays)
+        fn(*args)
+    run.bind = bind
+    return run

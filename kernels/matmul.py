@@ -6,6 +6,8 @@ Arena arrays are C-contiguous, so the flattening is a view.
 """
 import numpy as np
 
+from . import bindable
+
 
 def _flattens(ctx, trans_a: int = 0) -> bool:
     a, b = ctx.shape(0), ctx.shape(1)
@@ -21,13 +23,15 @@ def matmul(ctx):
     if _flattens(ctx):
         rows, k, n = _rows(ctx.shape(0)), ctx.shape(0)[-1], ctx.shape(1)[-1]
 
-        def run(a, b, y):
-            np.matmul(a.reshape(rows, k), b, out=y.reshape(rows, n))
-        return run
+        @bindable
+        def bind_flat(a, b, y):
+            return np.matmul, (a.reshape(rows, k), b, y.reshape(rows, n))     # ufunc: the third is out
+        return bind_flat
 
-    def run(a, b, y):
-        np.matmul(a, b, out=y)
-    return run
+    @bindable
+    def bind(a, b, y):
+        return np.matmul, (a, b, y)
+    return bind
 
 
 def fused_matmul(ctx):
@@ -36,15 +40,22 @@ def fused_matmul(ctx):
     flatten = _flattens(ctx, trans_a)
     rows, k = _rows(ctx.shape(0)), ctx.shape(0)[-1]
 
-    def run(a, b, y):
+    @bindable
+    def bind(a, b, y):
         # transA / transB swap the last two dims; a 1-D operand has nothing to swap (as the shape rule says)
         if flatten:
             a, y = a.reshape(rows, k), y.reshape(rows, y.shape[-1])
-        np.matmul(a.swapaxes(-1, -2) if trans_a and a.ndim >= 2 else a,
-                  b.swapaxes(-1, -2) if trans_b and b.ndim >= 2 else b, out=y)
-        if alpha != 1.0:
-            np.multiply(y, y.dtype.type(alpha), out=y)
-    return run
+        args = (a.swapaxes(-1, -2) if trans_a and a.ndim >= 2 else a,
+                b.swapaxes(-1, -2) if trans_b and b.ndim >= 2 else b, y)
+        if alpha == 1.0:
+            return np.matmul, args                       # ufunc: the third is out
+        return _scaled_matmul, args + (y.dtype.type(alpha),)
+    return bind
+
+
+def _scaled_matmul(a, b, y, alpha):
+    np.matmul(a, b, out=y)
+    np.multiply(y, alpha, out=y)
 
 
 def det(ctx):

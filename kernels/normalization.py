@@ -32,6 +32,7 @@ from edgetrain.ops.normalization import (
     stash_dtype,
 )
 
+from . import bindable
 from ._jit import jit
 
 
@@ -286,16 +287,20 @@ def layer_norm(ctx):
     y_at, mean_at, inv_at = (_output_slot(ctx, k) for k in range(3))
     b_at = 2 if has_bias else 1   # without B, pass Scale again (unused)
 
-    def run(*args):
+    @bindable
+    def bind(*args):
         x2 = args[0].reshape(rows, n)
         stats = args[-1]
-        _row_stats(x2, eps, stats)
-        _layer_norm_apply(x2, args[1].reshape(n), args[b_at].reshape(n), has_bias, stats, args[y_at].reshape(rows, n))
-        if mean_at >= 0:
-            _copy_stats(stats, 0, args[mean_at].reshape(rows))
-        if inv_at >= 0:
-            _copy_stats(stats, 1, args[inv_at].reshape(rows))
-    return run
+        apply = (x2, args[1].reshape(n), args[b_at].reshape(n), has_bias, stats, args[y_at].reshape(rows, n))
+        copies = [(k, args[at].reshape(rows)) for k, at in ((0, mean_at), (1, inv_at)) if at >= 0]
+
+        def run():
+            _row_stats(x2, eps, stats)
+            _layer_norm_apply(*apply)
+            for k, out in copies:
+                _copy_stats(stats, k, out)
+        return run, ()
+    return bind
 
 
 def group_norm(ctx):
@@ -367,16 +372,20 @@ def layer_norm_grad(ctx):
                     args[at][...] = 0
         return run_empty
 
-    def run(*args):
+    @bindable
+    def bind(*args):
         acc = args[-1]
-        _ln_grad(args[0].reshape(rows, n), args[1].reshape(rows, n), args[2].reshape(n), args[3].reshape(rows),
-                 args[4].reshape(rows), args[dx_at].reshape(rows, n) if dx_at >= 0 else dummy_x, dx_at >= 0, acc,
-                 want_acc)
-        if ds_at >= 0:
-            np.copyto(args[ds_at].reshape(n), acc[0], casting="same_kind")
-        if db_at >= 0:
-            np.copyto(args[db_at].reshape(n), acc[1], casting="same_kind")
-    return run
+        call = (args[0].reshape(rows, n), args[1].reshape(rows, n), args[2].reshape(n), args[3].reshape(rows),
+                args[4].reshape(rows), args[dx_at].reshape(rows, n) if dx_at >= 0 else dummy_x, dx_at >= 0, acc,
+                want_acc)
+        copies = [(args[at].reshape(n), acc[k]) for k, at in ((0, ds_at), (1, db_at)) if at >= 0]
+
+        def run():
+            _ln_grad(*call)
+            for out, src in copies:
+                np.copyto(out, src, casting="same_kind")
+        return run, ()
+    return bind
 
 
 def lp_normalization(ctx):

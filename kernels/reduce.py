@@ -20,6 +20,7 @@ from edgetrain.ops.reduce import (
     topk_geometry,
 )
 
+from . import bindable
 from ._jit import jit
 
 SUM, MAX, MIN, PROD = 0, 1, 2, 3
@@ -80,9 +81,11 @@ def _launcher(ctx, op: int, mean: bool = False):
     if view is not None:
         outer, red, inner = view
 
-        def run(*args):
-            _reduce_block(args[0].reshape(outer, red, inner), args[n_in].reshape(outer, inner), op, init, mean, scale)
-        return run
+        @bindable
+        def bind(*args):
+            return _reduce_block, (args[0].reshape(outer, red, inner), args[n_in].reshape(outer, inner), op, init,
+                                   mean, scale)
+        return bind
 
     keep_shape = reduced_shape(ctx, keepdims=True)
     ufunc = _UFUNCS[op]

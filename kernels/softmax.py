@@ -19,6 +19,7 @@ from numba.extending import intrinsic, overload
 
 from edgetrain.ops.softmax import REDUCTIONS, sce_reduction, softmax_view
 
+from . import bindable
 from ._jit import FASTMATH, jit
 
 # Cephes expf: exp(x) = 2**n * exp(r), r = x - n*ln2 (ln2 split in two), |r| <= ln2/2, degree-7 polynomial.
@@ -113,13 +114,15 @@ def _launcher(ctx, log: bool):
             pass
         return run_empty
     if inner == 1:
-        def run_rows(x, y):
-            _softmax_rows(x.reshape(outer, n), y.reshape(outer, n), log)
-        return run_rows
+        @bindable
+        def bind_rows(x, y):
+            return _softmax_rows, (x.reshape(outer, n), y.reshape(outer, n), log)
+        return bind_rows
 
-    def run_strided(x, y, ws):
-        _softmax_strided(x.reshape(outer, n, inner), y.reshape(outer, n, inner), ws, log)
-    return run_strided
+    @bindable
+    def bind_strided(x, y, ws):
+        return _softmax_strided, (x.reshape(outer, n, inner), y.reshape(outer, n, inner), ws, log)
+    return bind_strided
 
 
 @jit
@@ -237,16 +240,21 @@ def _label_loss_launcher(ctx, softmax: bool):
     dummy_w = np.ones(1, ctx.type(0).dtype)
     allowed = _labels_allowed(c, has_ignore, ignore)
 
-    def run(*args):
+    @bindable
+    def bind(*args):
         scores, labels = args[0], args[1]
         weights = args[2] if has_weights else dummy_w
         loss = args[n_in]
         log_prob = args[n_in + 1].reshape(n, c, d) if want_log_prob else dummy_lp
-        bad = _sce(scores.reshape(n, c, d), labels.reshape(n, d), weights, has_weights, has_ignore, ignore,
-                   reduction, loss.reshape(-1), log_prob, want_log_prob, softmax)
-        if bad >= 0:
-            raise ctx.bad_value(1, labels, bad, allowed)
-    return run
+        call = (scores.reshape(n, c, d), labels.reshape(n, d), weights, has_weights, has_ignore, ignore,
+                reduction, loss.reshape(-1), log_prob, want_log_prob, softmax)
+
+        def run():
+            bad = _sce(*call)
+            if bad >= 0:
+                raise ctx.bad_value(1, labels, bad, allowed)
+        return run, ()
+    return bind
 
 
 @jit
@@ -310,14 +318,19 @@ def _label_loss_grad_launcher(ctx, softmax: bool):
     n_in = len(ctx.node.inputs)
     allowed = _labels_allowed(c, has_ignore, ignore)
 
-    def run(*args):
+    @bindable
+    def bind(*args):
         dy, log_prob, labels = args[0], args[1], args[2]
         weights = args[3] if has_weights else dummy_w
-        bad = _sce_grad(dy.reshape(-1), log_prob.reshape(n, c, d), labels.reshape(n, d), weights, has_weights,
-                        has_ignore, ignore, reduction, args[n_in].reshape(n, c, d), softmax)
-        if bad >= 0:
-            raise ctx.bad_value(2, labels, bad, allowed)
-    return run
+        call = (dy.reshape(-1), log_prob.reshape(n, c, d), labels.reshape(n, d), weights, has_weights,
+                has_ignore, ignore, reduction, args[n_in].reshape(n, c, d), softmax)
+
+        def run():
+            bad = _sce_grad(*call)
+            if bad >= 0:
+                raise ctx.bad_value(2, labels, bad, allowed)
+        return run, ()
+    return bind
 
 
 @jit
@@ -365,9 +378,11 @@ def log_softmax_grad(ctx):
 def _softmax_grad_launcher(ctx, log: bool):
     outer, n, inner = softmax_view(ctx)
 
-    def run(dy, y, dx):
-        _softmax_grad(dy.reshape(outer, n, inner), y.reshape(outer, n, inner), dx.reshape(outer, n, inner), log)
-    return run
+    @bindable
+    def bind(dy, y, dx):
+        shape = (outer, n, inner)
+        return _softmax_grad, (dy.reshape(shape), y.reshape(shape), dx.reshape(shape), log)
+    return bind
 
 
 @jit

@@ -29,6 +29,7 @@ from edgetrain.ops.tensor import (
     trilu_mask,
 )
 
+from . import bindable
 from ._jit import jit
 
 
@@ -63,11 +64,16 @@ def gather(ctx):
     n = ctx.type(1).size
     allowed = f"an index in [{-size}, {size}) (axis {axis} of data {list(data)})"
 
-    def run(x, idx, y):
-        bad = _gather(x.reshape(outer, size, inner), idx.reshape(n), y.reshape(outer, n, inner))
-        if bad >= 0:
-            raise ctx.bad_value(1, idx, bad, allowed)
-    return run
+    @bindable
+    def bind(x, idx, y):
+        call = (x.reshape(outer, size, inner), idx.reshape(n), y.reshape(outer, n, inner))
+
+        def run():
+            bad = _gather(*call)
+            if bad >= 0:
+                raise ctx.bad_value(1, idx, bad, allowed)
+        return run, ()
+    return bind
 
 
 @jit
@@ -346,9 +352,10 @@ def trilu(ctx):
 def transpose(ctx):
     perm = transpose_perm(ctx)
 
-    def run(x, y):
-        np.copyto(y, x.transpose(perm))
-    return run
+    @bindable
+    def bind(x, y):
+        return np.copyto, (y, x.transpose(perm))
+    return bind
 
 
 def pad(ctx):

@@ -16,6 +16,7 @@ import numpy as np
 
 from edgetrain.errors import InputError
 
+from . import bindable
 from ._jit import jit
 
 
@@ -44,6 +45,16 @@ def _copy_outputs(args, n_in: int, sources: tuple[int, ...]):
             np.copyto(out, args[src])
 
 
+def _output_copies(args, n_in: int, sources: tuple[int, ...]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``_copy_outputs`` decided at bind time: (output, updated input) pairs that are not the same array."""
+    pairs = []
+    for k, src in enumerate(sources, start=1):
+        out = args[n_in + k] if n_in + k < len(args) else None
+        if out is not None and out.ctypes.data != args[src].ctypes.data:
+            pairs.append((out, args[src]))
+    return pairs
+
+
 def _signal(args, i: int, n_in: int) -> bool:
     return i >= n_in or args[i] is None or bool(args[i].reshape(-1)[0])
 
@@ -62,18 +73,27 @@ def adamw(ctx):
     mode, correct_bias = ctx.attr("adam_mode"), bool(ctx.attr("correct_bias"))
     scratch = np.zeros(6, dtype)     # step-dependent scalars, rounded to the state's type (made once)
 
-    def run(*args):
-        if not _signal(args, 6, n_in):
-            args[n_in][0] = False
-        else:
-            if correct_bias and args[1][0] < 1:
-                raise InputError(f"{ctx.node}: step is {int(args[1][0])}; it must be the 1-based number of this "
-                                 "update (steps taken + 1, as onnxruntime feeds it): bias correction divides "
-                                 "by 1 - beta1^step")
-            _adamw(args[2], args[3], args[4], args[5], args[0], args[1], consts, scratch, mode, correct_bias)
-            args[n_in][0] = True
-        _copy_outputs(args, n_in, (2, 4, 5))
-    return run
+    @bindable
+    def bind(*args):
+        signal = args[6].reshape(-1) if 6 < n_in and args[6] is not None else None
+        updated, step = args[n_in], args[1]
+        call = (args[2], args[3], args[4], args[5], args[0], step, consts, scratch, mode, correct_bias)
+        copies = _output_copies(args, n_in, (2, 4, 5))
+
+        def run():
+            if signal is not None and not signal[0]:
+                updated[0] = False
+            else:
+                if correct_bias and step[0] < 1:
+                    raise InputError(f"{ctx.node}: step is {int(step[0])}; it must be the 1-based number of this "
+                                     "update (steps taken + 1, as onnxruntime feeds it): bias correction divides "
+                                     "by 1 - beta1^step")
+                _adamw(*call)
+                updated[0] = True
+            for out, src in copies:
+                np.copyto(out, src)
+        return run, ()
+    return bind
 
 
 @jit

@@ -54,7 +54,7 @@ def test_steps_without_reset_accumulate_the_sum_of_torchs_gradients(shared, monk
     params = {n: p.data for n, p in state.parameters if p.requires_grad}
     for x, y in batches:
         module(x, y)
-    (bound,) = module._bound.values()
+    (bound,) = module.training_program.bound_steps()
     accumulators = sum(b.node.op_type == "InPlaceAccumulatorV2" for s in bound.program.plan.steps for b in s.nodes)
     assert accumulators == (0 if direct else len(params))
     want = {p: 0.0 for p in params}
@@ -432,14 +432,14 @@ def test_train_and_eval_programs_of_every_shape_share_one_arena(shared):
         for batch in (32, 8, 32):
             for training, n in ((True, batch), (False, batch // 2)):
                 if not share:
-                    module._arena = None       # a new shape gets an arena of its own
+                    module.training_program.arena = None       # a new shape gets an arena of its own
                 module.train(training)
                 run.append(float(module(x[:n], y[:n])))
                 if training:
                     opt.step()
                     module.lazy_reset_grad()
-        arenas = {id(p.arena) for p in module._programs.values()}
-        assert len(module._programs) == 4 and len(arenas) == (1 if share else 4)
+        arenas = {id(p.arena) for _, p in module.programs()}
+        assert len({id(p.plan) for _, p in module.programs()}) == 4 and len(arenas) == (1 if share else 4)
         losses.append(run)
     assert losses[0] == losses[1]
 
@@ -468,25 +468,26 @@ def test_gradients_go_straight_into_the_state(shared, tmp_path, name):
     x, y = (feeds[n] for n in module.input_names())
     module(x, y)
     module(x, y)                               # accumulates: the program overwrites, the module adds back
-    (bound,) = module._bound.values()
+    (bound,) = module.training_program.bound_steps()
     plan = bound.program.plan
-    largest = max(module._store.names, key=lambda p: module._store.grad(p).size)
+    largest = max(module.state_store.names, key=lambda p: module.state_store.grad(p).size)
     assert f"{largest}_grad.accumulation.buffer" in plan.direct_gradients
     if art == tmp_path:
-        assert len(plan.direct_gradients) == len(module._store.names)
+        assert len(plan.direct_gradients) == len(module.state_store.names)
     left = sum(b.node.op_type == "InPlaceAccumulatorV2" for s in plan.steps for b in s.nodes)
-    assert left == len(module._store.names) - len(plan.direct_gradients)
+    assert left == len(module.state_store.names) - len(plan.direct_gradients)
 
-    literal = {f"{p}_grad.accumulation.buffer": np.zeros_like(module._store.grad(p)) for p in module._store.names}
-    external = module._external(module._train) | literal
+    store = module.state_store
+    literal = {f"{p}_grad.accumulation.buffer": np.zeros_like(store.grad(p)) for p in store.names}
+    external = module.training_program.external(True) | literal
     external["lazy_reset_grad"] = np.ones(1, bool)
     types = {v.name: TensorType(external[v.name].dtype, external[v.name].shape) if v.name in external else
              TensorType(feeds[v.name].dtype, feeds[v.name].shape) for v in graph.inputs}
     ref = make_plan(graph, types, [v.name for v in graph.outputs], external=external)
     assert ref.arena_bytes > plan.arena_bytes
     Program(ref, external).run([feeds[n] for n in ref.fed_inputs])
-    for p in module._store.names:
-        np.testing.assert_allclose(module._store.grad(p), 2 * literal[f"{p}_grad.accumulation.buffer"],
+    for p in module.state_store.names:
+        np.testing.assert_allclose(module.state_store.grad(p), 2 * literal[f"{p}_grad.accumulation.buffer"],
                                    rtol=1e-5, atol=1e-6, err_msg=p)
 
 

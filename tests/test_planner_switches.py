@@ -74,7 +74,7 @@ def test_bench_training_steps_give_torchs_gradients_with_every_pass_on_or_off(sh
         np.float32)
     y = rng.integers(0, 4 if name == "transformer" else 10, shape[0])
     loss = float(module(x, y))
-    (bound,) = module._bound.values()
+    (bound,) = module.training_program.bound_steps()
     check_invariants(bound.program.plan)
     params = {n: p.data for n, p in state.parameters if p.requires_grad}
     running = {n: p.data for n, p in state.parameters if not p.requires_grad}

@@ -1,7 +1,9 @@
 """A Program: one plan bound to one arena, its kernels and a flat list of calls.
 
-``run`` copies the feeds into their arena slots and makes one call per step; it allocates nothing.
-Outputs are views into the arena (or constants), valid until the next run.
+Binding happens once, when the program is made for its input shapes: every call becomes ``(fn, args)`` with
+its arena views already made (a launcher that offers ``bind``, ``kernels.bindable``, also reshapes and decides
+what the shapes fix there). ``run`` copies the feeds into their arena slots and then is one flat loop of calls;
+it allocates nothing. Outputs are views into the arena (or constants), valid until the next run.
 """
 from __future__ import annotations
 
@@ -85,6 +87,9 @@ class Program:
                     mem.workspaces.get(s, []), b.op.workspace(b.ctx) if b.op.workspace else [])]
                 args = [self.values[i] if i else None for i in step.inputs]
                 args += [self.values[o] if o else None for o in step.outputs] + ws
+                bind = getattr(fn, "bind", None)     # kernels.bindable: views and static choices made once
+                if bind is not None:
+                    fn, args = bind(*args)
             self.calls.append((fn, tuple(args)))
         self.input_slots = [self.values[name] for name in plan.fed_inputs]
         self.outputs = [self.values[name] for name in spec.output_names]

@@ -41,7 +41,7 @@ def test_memmap_inputs_reuse_one_binding(module, batch, tmp_path):
         alive.append((_memmap(tmp_path, f"x{k}", x), _memmap(tmp_path, f"y{k}", y)))
         np.testing.assert_array_equal(module(*alive[-1]), expected)
         module.lazy_reset_grad()
-    assert len(module._bound) == 1
+    assert len(module.training_program.bound_steps()) == 1
 
 
 def test_subclass_inputs_reuse_one_binding_per_shape(module, batch):
@@ -50,7 +50,7 @@ def test_subclass_inputs_reuse_one_binding_per_shape(module, batch):
     alive += [(x[:4].copy().view(Tagged), y[:4].copy().view(Tagged)) for _ in range(5)]
     for inputs in alive:
         module(*inputs)
-    assert len(module._bound) == 2
+    assert len(module.training_program.bound_steps()) == 2
 
 
 def test_an_object_seen_before_with_another_dtype_is_validated_again(module, batch):
@@ -75,4 +75,4 @@ def test_the_inputs_that_are_not_arrays_are_refused(module, batch):
     x, y = batch
     with pytest.raises(InputError, match="input .input. must be a numpy array or an OrtValue, got list"):
         module(x.tolist(), y)
-    assert len(module._bound) == 0
+    assert len(module.training_program.bound_steps()) == 0

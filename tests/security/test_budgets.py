@@ -176,10 +176,10 @@ def test_the_optimizer_moments_are_weighed_before_they_are_allocated(nominal):
     module = Module(nominal / "training_model.onnx", state, max_memory=3 * 48)     # params + 2 gradient arrays
     with pytest.raises(MemoryBudgetError, match="moments"):
         Optimizer(nominal / "optimizer_model.onnx", module)
-    assert module._store.moments == []
+    assert module.state_store.moments == []
     module.max_memory = 5 * 48
     Optimizer(nominal / "optimizer_model.onnx", module)
-    assert len(module._store.moments) == 2
+    assert len(module.state_store.moments) == 2
 
 
 # -- dims and sizes -----------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def _snapshot(state, module, path) -> tuple:
     CheckpointState.save_checkpoint(state, path, include_optimizer_state=True)
     grads = {n: p.grad for n, p in state.parameters}
     return (path.read_bytes(), {n: None if g is None else g.tobytes() for n, g in grads.items()},
-            bool(module._reset[0]), module._store.has_gradients)
+            module.training_program.reset_pending, module.state_store.has_gradients)
 
 
 def _moved(state, module, optimizer, loss: str, mode: str):

@@ -1,0 +1,97 @@
+"""The runtime's training program on its own (no edgetrain.api): accumulation and lazy reset as in ORT, a failed
+step that leaves the state alone, the optimizer step's count and learning rate. Oracle: torch autograd."""
+import numpy as np
+import pytest
+import torch_ref
+
+from edgetrain import checkpoint
+from edgetrain.compact import load_graph
+from edgetrain.errors import EdgetrainError, InputError
+from edgetrain.runtime.training import TrainingProgram
+
+
+def _digits(shared):
+    d = shared / "ort_artifacts" / "digits"
+    ckpt = checkpoint.load(d / "checkpoint")
+    tp = TrainingProgram(load_graph(d / "training_model.onnx"), ckpt.trainable | ckpt.frozen)
+    return d, tp
+
+
+def _batch(seed):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((16, 64)).astype(np.float32), rng.integers(0, 10, 16)
+
+
+def _grads(tp):
+    return {p: np.array(tp.store.grad(p)) for p in tp.store.names}
+
+
+def test_accumulation_and_lazy_reset_follow_ort(shared):
+    import torch
+
+    _, tp = _digits(shared)
+    params = {p: np.array(tp.store.param(p)) for p in tp.store.names}
+    want = []
+    for seed in (1, 2):
+        x, y = _batch(seed)
+        want.append(torch_ref.loss_and_gradients(shared / "models" / "digits.onnx", {"input": x, "labels": y},
+                                                 params, dtype=torch.float64)[1])
+    for seed in (1, 2):
+        tp.run(True, _batch(seed))
+    summed = _grads(tp)
+    tp.lazy_reset_grad()                 # lazy: the gradients stay until the next training step
+    after_reset = _grads(tp)
+    tp.run(True, _batch(2))
+    for p in params:
+        scale = 1e-5 * np.abs(want[0][p] + want[1][p]).max()
+        np.testing.assert_allclose(summed[p], want[0][p] + want[1][p], rtol=1e-4, atol=scale, err_msg=p)
+        np.testing.assert_array_equal(after_reset[p], summed[p])
+        np.testing.assert_allclose(tp.store.grad(p), want[1][p], rtol=1e-4, atol=1e-5 * np.abs(want[1][p]).max(),
+                                   err_msg=p)
+
+
+def test_a_step_that_raises_midway_changes_nothing(shared):
+    _, tp = _digits(shared)
+    tp.run(True, _batch(1))
+    before = _grads(tp)
+    x, y = _batch(2)
+    y[5] = 10                            # found by the loss kernel, after the forward pass has run
+    with pytest.raises(InputError, match="labels"):
+        tp.run(True, (x, y))
+    assert not tp.reset_pending          # still accumulating
+    for p, g in before.items():
+        np.testing.assert_array_equal(tp.store.grad(p), g)
+    tp.run(True, _batch(2))              # and the next good step adds to the committed sums only
+    tp.lazy_reset_grad()
+    tp.run(True, _batch(1))
+    for p, g in before.items():
+        np.testing.assert_array_equal(tp.store.grad(p), g)
+
+
+def test_the_optimizer_step_counts_and_reads_its_learning_rate(shared):
+    d, tp = _digits(shared)
+    opt = tp.attach_optimizer(load_graph(d / "optimizer_model.onnx"))
+    with pytest.raises(EdgetrainError, match="before any gradient"):
+        opt.run()
+    assert opt.step_count == 0
+    tp.run(True, _batch(1))
+    params = np.array(tp.store.params)
+    opt.learning_rate = 0.0              # AdamW with lr 0 (and so lr * weight decay 0) moves nothing
+    opt.run()
+    np.testing.assert_array_equal(tp.store.params, params)
+    assert opt.step_count == 1 and np.abs(tp.store.moments[0]).max() > 0
+    opt.learning_rate = 1e-2
+    opt.run()
+    assert opt.step_count == 2 and np.abs(tp.store.params - params).max() > 0
+
+
+def test_launchers_are_bound_once(shared):
+    """Every launcher that offers ``bind`` (kernels.bindable) was bound when the program was made: a steady step
+    calls the bound functions on the same views, never a launcher that would reshape per call."""
+    _, tp = _digits(shared)
+    tp.run(True, _batch(1))
+    progs = [p for _, p in tp.programs()]
+    calls = [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
+    assert all(not hasattr(fn, "bind") for p in progs for fn, _ in p.calls)
+    tp.run(True, _batch(2))
+    assert calls == [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
