@@ -75,7 +75,9 @@ def _close(got, want, rtol, atol) -> bool:
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape or got.dtype != want.dtype:
         return False
-    if want.dtype.kind in "fc":
+    if want.dtype.kind in "fc" or want.dtype.name == "bfloat16":    # ml_dtypes' bfloat16 has kind "V"
+        if want.dtype.kind not in "fc":
+            got, want = got.astype(np.float32), want.astype(np.float32)
         return bool(np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True))
     return bool(np.array_equal(got, want))
 

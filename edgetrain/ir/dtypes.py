@@ -30,6 +30,31 @@ ORT_TYPE_NAME = {
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 INTS = (np.dtype(np.int32), np.dtype(np.int64))
 
+# Element types stored as themselves at a graph's edges but held in a wider carrier type inside a plan (Numba has
+# no float16 arithmetic on CPU; plan/widen.py). An op that computes in float32 takes float16 (``ARITHMETIC``);
+# bfloat16's 8-bit significand makes float32 arithmetic differ from a bfloat16 computation by more than ONNX's
+# tolerances, so only ops that move or convert values take it (those declaring ``ops.base.ANY``).
+CARRIED = {np.dtype(np.float16): np.dtype(np.float32)}
+ARITHMETIC = {np.dtype(np.float16): np.dtype(np.float32)}
+
+try:        # onnx's own dependency for bfloat16 arrays; without it bfloat16 stays an unsupported element type
+    import ml_dtypes
+except ImportError:     # pragma: no cover - installed with onnx
+    ml_dtypes = None
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16) if ml_dtypes is not None else None
+MOVED_ONLY = (BFLOAT16,) if BFLOAT16 is not None else ()    # carried types no arithmetic op takes
+if BFLOAT16 is not None:
+    ONNX_TO_NUMPY[16] = BFLOAT16
+    NUMPY_TO_ONNX[BFLOAT16] = 16
+    ORT_TYPE_NAME[BFLOAT16] = "bfloat16"
+    CARRIED[BFLOAT16] = np.dtype(np.float32)
+
+
+def carrier(dtype) -> np.dtype:
+    """The element type kernels compute ``dtype`` in (itself unless it is carried)."""
+    dtype = np.dtype(dtype)
+    return CARRIED.get(dtype, dtype)
+
 
 def to_numpy(onnx_type: int, where: str) -> np.dtype:
     """numpy dtype of ONNX element type ``onnx_type``; ``where`` names the tensor for the error."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import InputError, ShapeError
 from ..ir import Node, TensorType
-from ..ir.dtypes import FLOATS
+from ..ir.dtypes import FLOATS, MOVED_ONLY
 from .attrs import REQUIRED, Attr, check_attrs
 
 ALL_NUMERIC = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
@@ -22,7 +22,7 @@ UNSIGNED = tuple(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64
 NUMERIC = ALL_NUMERIC + SMALL_SIGNED + UNSIGNED     # every integer width ONNX's arithmetic ops declare
 SIGNED = ALL_NUMERIC + SMALL_SIGNED
 INTEGERS = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64)) + UNSIGNED
-ANY = NUMERIC + tuple(np.dtype(t) for t in (np.bool_, np.float16))
+ANY = NUMERIC + tuple(np.dtype(t) for t in (np.bool_, np.float16)) + MOVED_ONLY
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,12 @@ def _cast(ctx):
     return [TensorType(to_numpy(ctx.attr("to"), f"{ctx.node} attribute 'to'"), ctx.shape(0))]
 
 
+def _cast_workspace(ctx):
+    """A Cast to float16 whose result is carried in float32 rounds through a float16 copy."""
+    to = to_numpy(ctx.attr("to"), f"{ctx.node} attribute 'to'")
+    return [TensorType(to, ctx.shape(0))] if ctx.out(0).dtype != to else []
+
+
 def _cast_like(ctx):
     return [TensorType(ctx.type(1).dtype, ctx.shape(0))]
 
@@ -854,7 +860,7 @@ DROPOUT_ATTRS = {"seed": Int()}
 
 
 OPS = OPS_FOLD + (
-    OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY, vjp=_cast_vjp,
+    OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY, vjp=_cast_vjp, workspace=_cast_workspace,
           attrs={"saturate": Flag(1), "to": Int(REQUIRED)}),
     OpDef("CastLike", _cast_like, since=19, kind="lowered", fold=lambda ctx, x, like: x.astype(like.dtype),
           dtypes=ANY, vjp=_cast_like_vjp, attrs={"saturate": Flag(1)},
