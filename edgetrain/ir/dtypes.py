@@ -50,6 +50,12 @@ if BFLOAT16 is not None:
     CARRIED[BFLOAT16] = np.dtype(np.float32)
 
 
+def computed_as(dtype) -> np.dtype:
+    """The type an arithmetic op computes ``dtype`` in (float16: float32), for rules that check "a float"."""
+    dtype = np.dtype(dtype)
+    return ARITHMETIC.get(dtype, dtype)
+
+
 def carrier(dtype) -> np.dtype:
     """The element type kernels compute ``dtype`` in (itself unless it is carried)."""
     dtype = np.dtype(dtype)

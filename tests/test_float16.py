@@ -1,0 +1,174 @@
+"""float16 models (computed in float32 inside a plan, plan/widen.py) against onnxruntime, and the edges of that
+choice: Casts round as numpy does, float16 sizes are still weighed against the budget, float16 parameters are
+refused for training, bfloat16 is taken only by ops that move or convert values."""
+import ml_dtypes
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgetrain import InferenceSession, artifacts
+from edgetrain.errors import EdgetrainError, MemoryBudgetError, UnsupportedOpError
+
+F16, F32 = TensorProto.FLOAT16, TensorProto.FLOAT
+MB = 10**6
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17) -> bytes:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(a, n) for n, a in inits])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def _ort(model: bytes, feeds):
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _mlp(rng) -> bytes:
+    w1, b1 = rng.standard_normal((8, 16)).astype(np.float16), rng.standard_normal(16).astype(np.float16)
+    w2 = (rng.standard_normal((16, 4)) / 4).astype(np.float16)
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["logits"]), helper.make_node("Softmax", ["logits"], ["p"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", F16, ["n", 8])],
+                  [helper.make_tensor_value_info("logits", F16, None), helper.make_tensor_value_info("p", F16, None)],
+                  [("w1", w1), ("b1", b1), ("w2", w2)])
+
+
+def test_a_float16_mlp_agrees_with_onnxruntime():
+    rng = np.random.default_rng(0)
+    model = _mlp(rng)
+    x = rng.standard_normal((5, 8)).astype(np.float16)
+    sess = InferenceSession(model)
+    got, want = sess.run(None, {"x": x}), _ort(model, {"x": x})
+    for g, w in zip(got, want):
+        assert g.dtype == np.float16 and g.shape == w.shape
+        # edgetrain keeps float32 between ops, onnxruntime rounds each to float16: a float16 ulp or two apart
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=4e-3, atol=4e-3)
+    assert [a.type for a in sess.get_inputs()] == ["tensor(float16)"]
+    assert [a.type for a in sess.get_outputs()] == ["tensor(float16)"] * 2
+
+
+def test_a_float16_cnn_agrees_with_onnxruntime():
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((4, 2, 3, 3)) / 3).astype(np.float16)
+    stats = [rng.uniform(0.5, 1.5, 4).astype(np.float16), rng.standard_normal(4).astype(np.float16),
+             rng.standard_normal(4).astype(np.float16), rng.uniform(0.5, 1.5, 4).astype(np.float16)]
+    fc = rng.standard_normal((4, 3)).astype(np.float16)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"]),
+             helper.make_node("Relu", ["bn"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["mp"], ["gap"]),
+             helper.make_node("Flatten", ["gap"], ["f"]), helper.make_node("MatMul", ["f", "fc"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F16, [2, 2, 8, 8])],
+                   [helper.make_tensor_value_info("y", F16, [2, 3])],
+                   [("w", w), ("s", stats[0]), ("b", stats[1]), ("m", stats[2]), ("v", stats[3]), ("fc", fc)])
+    x = rng.standard_normal((2, 2, 8, 8)).astype(np.float16)
+    got = InferenceSession(model).run(None, {"x": x})[0]
+    want = _ort(model, {"x": x})[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=4e-3, atol=4e-3)
+
+
+# float32 values at float16's rounding edges: ties to even, the largest finite value and past it, subnormals,
+# below the smallest subnormal, signed zero, inf, nan
+EDGES = np.array([1 + 2**-11, 1 + 3 * 2**-11, 2049, 2051, 65504, 65519.99, 65520, 1e6, 2**-24, 2**-25,
+                  3 * 2**-26, 2**-26, 6.1e-5, -0.0, np.inf, -np.inf, np.nan, -3.14159], np.float32)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_casts_round_to_nearest_even_as_numpy_does():
+    """float32 -> float16 -> float32 -> float16 and float64 -> float16 inside one graph: each Cast to float16
+    rounds (the middle one is observable only through the float32 output after it)."""
+    nodes = [helper.make_node("Cast", ["x"], ["h"], to=F16), helper.make_node("Cast", ["h"], ["back"], to=F32),
+             helper.make_node("Mul", ["back", "two"], ["twice"]),
+             helper.make_node("Cast", ["twice"], ["h2"], to=F16),
+             helper.make_node("Cast", ["d"], ["hd"], to=F16), helper.make_node("Cast", ["i"], ["hi"], to=F16)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F32, [len(EDGES)]),
+                           helper.make_tensor_value_info("d", TensorProto.DOUBLE, [4]),
+                           helper.make_tensor_value_info("i", TensorProto.INT64, [3])],
+                   [helper.make_tensor_value_info(n, t, None) for n, t in
+                    (("h", F16), ("back", F32), ("h2", F16), ("hd", F16), ("hi", F16))],
+                   [("two", np.array(2, np.float32))])
+    # 1 + 2**-11 + 2**-40: a double just past a float16 tie; rounding it through float32 first would tie to even
+    feeds = {"x": EDGES, "d": np.array([1 + 2**-11 + 2**-40, 1e-8, 65520.5, -2.5], np.float64),
+             "i": np.array([2049, 70000, -65505], np.int64)}
+    got = InferenceSession(model).run(None, feeds)
+    h = EDGES.astype(np.float16)
+    want = [h, h.astype(np.float32), (h.astype(np.float32) * 2).astype(np.float16),
+            feeds["d"].astype(np.float16), feeds["i"].astype(np.float16)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+    # onnxruntime agrees except from double, which it rounds through float32 (1 + 2**-11 + 2**-40 ties to 1.0)
+    for name, g, w in zip(("h", "back", "h2", "hd", "hi"), got, _ort(model, feeds)):
+        if name != "hd":
+            np.testing.assert_array_equal(g, w)
+
+
+def test_castlike_and_constants_keep_float16():
+    """CastLike to a float16 tensor rounds; a float16 Constant and a folded float16 subgraph enter as float16."""
+    nodes = [helper.make_node("CastLike", ["x", "like"], ["y"]),
+             helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array([1.5, 1e-4], np.float16))),
+             helper.make_node("Neg", ["k"], ["nk"]), helper.make_node("Add", ["y", "nk"], ["z"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F32, [2]), helper.make_tensor_value_info("like", F16, [1])],
+                   [helper.make_tensor_value_info("y", F16, None), helper.make_tensor_value_info("z", F16, None)])
+    feeds = {"x": np.array([1 + 2**-11, 3.0e-5], np.float32), "like": np.zeros(1, np.float16)}
+    got = InferenceSession(model).run(None, feeds)
+    # numpy as the oracle: onnxruntime's optimizer drops the CastLike's rounding when it runs Add in float32
+    y = feeds["x"].astype(np.float16)
+    want = [y, (y.astype(np.float32) - np.array([1.5, 1e-4], np.float16).astype(np.float32)).astype(np.float16)]
+    for g, w in zip(got, want):
+        assert g.dtype == np.float16
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_float16_constant_is_weighed_against_the_budget():
+    """ConstantOfShape of float16 ones sized past the budget is refused while folding, before allocating; a
+    float16 initializer within the budget whose float32 copy is not is refused when planning."""
+    shape = numpy_helper.from_array(np.array([2_000_000_000], np.int64), "shape")    # 4 GB of float16
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["c"],
+                              value=helper.make_tensor("v", F16, [1], [1.0])), helper.make_node("Add", ["x", "c"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F16, [1])], [helper.make_tensor_value_info("y", F16, None)])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F16, [1])],
+                              [helper.make_tensor_value_info("y", F16, None)], [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    with pytest.raises(MemoryBudgetError, match="ConstantOfShape"):
+        InferenceSession(model, max_memory=100 * MB).run(None, {"x": np.ones(1, np.float16)})
+
+    w = np.ones(6 * MB, np.float16)                 # 12 MB as float16, 24 MB as float32
+    model = _model([helper.make_node("Add", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", F16, [1])],
+                   [helper.make_tensor_value_info("y", F16, None)], [("w", w)])
+    with pytest.raises(MemoryBudgetError, match="float16"):
+        InferenceSession(model, max_memory=20 * MB).run(None, {"x": np.ones(1, np.float16)})
+    y = InferenceSession(model, max_memory=200 * MB).run(None, {"x": np.full(1, 0.5, np.float16)})[0]
+    assert y.dtype == np.float16 and y.shape == w.shape and np.all(y == np.float16(1.5))
+
+
+def test_training_float16_parameters_is_refused_naming_the_parameter(tmp_path):
+    rng = np.random.default_rng(2)
+    model = _mlp(rng)
+    with pytest.raises(EdgetrainError, match="parameter 'w1'.*float32"):
+        artifacts.generate_artifacts(model, requires_grad=["w1"], loss=artifacts.LossType.MSELoss, loss_input_names=["logits"],
+                                     optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path)
+
+
+def test_bfloat16_is_cast_and_moved_but_not_computed():
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    nodes = [helper.make_node("Cast", ["x"], ["b"], to=TensorProto.BFLOAT16),
+             helper.make_node("Transpose", ["b"], ["bt"]), helper.make_node("Cast", ["bt"], ["y"], to=F32)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F32, [len(EDGES), 1])],
+                   [helper.make_tensor_value_info("b", TensorProto.BFLOAT16, None),
+                    helper.make_tensor_value_info("y", F32, None)])
+    x = (EDGES * np.float32(1.01)).reshape(-1, 1)
+    b, y = InferenceSession(model).run(None, {"x": x})
+    assert b.dtype == bf16
+    np.testing.assert_array_equal(b.astype(np.float32), x.astype(bf16).astype(np.float32))
+    np.testing.assert_array_equal(y, x.astype(bf16).astype(np.float32).T)
+
+    add = _model([helper.make_node("Add", ["a", "a"], ["s"], name="twice")],
+                 [helper.make_tensor_value_info("a", TensorProto.BFLOAT16, [2])],
+                 [helper.make_tensor_value_info("s", TensorProto.BFLOAT16, None)])
+    with pytest.raises(UnsupportedOpError, match="twice.*bfloat16"):
+        InferenceSession(add).run(None, {"a": np.ones(2, bf16)})
