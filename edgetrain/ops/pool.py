@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Node, TensorType
-from ..ir.dtypes import to_onnx
+from ..ir.dtypes import FLOATS, to_onnx
 from .attrs import Flag, Ints
 from .base import NodeContext, OpDef
 from .conv import DIM, POOL_ATTRS, Window, check_rank, smallest_input, window_geometry
@@ -151,6 +151,7 @@ OPS = (
           vjp=_global_average_pool_vjp),
     OpDef("GlobalMaxPool", _global_max_pool, since=1, kernel="pool.global_max_pool", vjp=_global_max_pool_vjp),
     OpDef("MaxPool", _max_pool, since=12, kernel="pool.max_pool", vjp=_max_pool_vjp, grad_outputs=2,
+          dtypes=FLOATS + tuple(np.dtype(t) for t in (np.int8, np.uint8)),     # 8-bit: lowered (plan/lower.py)
           attrs=MAX_POOL_ATTRS,
           doc="1-D/2-D; optional Indices output (flattened over N*C*H*W, storage_order 0 or 1)"),
     OpDef("MaxPoolGrad", _max_pool_grad, since=9, kernel="pool.max_pool_grad", attrs=MAX_POOL_ATTRS | GRAD_HINT,

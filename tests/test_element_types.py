@@ -1,11 +1,13 @@
 """float16 models (computed in float32 inside a plan, plan/widen.py) against onnxruntime, and the edges of that
 choice: Casts round as numpy does, float16 sizes are still weighed against the budget, float16 parameters are
-refused for training, bfloat16 is taken only by ops that move or convert values."""
+refused for training, bfloat16 is taken only by ops that move or convert values. Then the integer and bool
+types a few ops declare beyond the arithmetic ones: bool ReduceMax/ReduceMin, 8-bit MaxPool, any-integer TopK."""
 import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from edgetrain import InferenceSession, artifacts
 from edgetrain.errors import EdgetrainError, MemoryBudgetError, UnsupportedOpError
@@ -172,3 +174,49 @@ def test_bfloat16_is_cast_and_moved_but_not_computed():
                  [helper.make_tensor_value_info("s", TensorProto.BFLOAT16, None)])
     with pytest.raises(UnsupportedOpError, match="twice.*bfloat16"):
         InferenceSession(add).run(None, {"a": np.ones(2, bf16)})
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("shape,axes,keepdims", [((3, 4), [1], 1), ((3, 4, 5), [0, 2], 0), ((2, 0, 3), [1], 1),
+                                                 ((3, 4), None, 0)])
+def test_bool_reduce_max_min_are_any_and_all(op, shape, axes, keepdims):
+    inits = [] if axes is None else [("axes", np.array(axes, np.int64))]
+    inputs = ["x"] + ([] if axes is None else ["axes"])
+    model = _model([helper.make_node(op, inputs, ["y"], keepdims=keepdims)],
+                   [helper.make_tensor_value_info("x", TensorProto.BOOL, list(shape))],
+                   [helper.make_tensor_value_info("y", TensorProto.BOOL, None)], inits, opset=20)
+    x = np.random.default_rng(3).random(shape) > 0.3
+    got = InferenceSession(model).run(None, {"x": x})[0]
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    assert got.dtype == np.bool_
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype,elem", [(np.uint8, TensorProto.UINT8), (np.int8, TensorProto.INT8)])
+def test_8bit_max_pool_agrees_with_onnxruntime(dtype, elem):
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(4).integers(info.min, info.max, (2, 3, 7, 7), endpoint=True).astype(dtype)
+    for attrs in ({"kernel_shape": [2, 2], "strides": [2, 2]}, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}):
+        model = _model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)],
+                       [helper.make_tensor_value_info("x", elem, list(x.shape))],
+                       [helper.make_tensor_value_info("y", elem, None)], opset=12)
+        got = InferenceSession(model).run(None, {"x": x})[0]
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, _ort(model, {"x": x})[0])
+
+
+@pytest.mark.parametrize("dtype,elem", [(np.uint64, TensorProto.UINT64), (np.int8, TensorProto.INT8),
+                                        (np.uint16, TensorProto.UINT16)])
+@pytest.mark.parametrize("largest", [0, 1])
+def test_integer_top_k_agrees_with_the_reference(dtype, elem, largest):
+    x = np.random.default_rng(5).integers(0, 20, (3, 9)).astype(dtype)      # ties: lower index first
+    if dtype == np.uint64:
+        x[0, :3] = [2**64 - 1, 2**63, 2**63 + 1]                           # beyond int64
+    model = _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], largest=largest)],
+                   [helper.make_tensor_value_info("x", elem, list(x.shape))],
+                   [helper.make_tensor_value_info("v", elem, None), helper.make_tensor_value_info("i", TensorProto.INT64, None)],
+                   [("k", np.array([4], np.int64))], opset=11)
+    got = InferenceSession(model).run(None, {"x": x})
+    for g, w in zip(got, ReferenceEvaluator(model).run(None, {"x": x})):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
