@@ -220,3 +220,16 @@ def test_integer_top_k_agrees_with_the_reference(dtype, elem, largest):
     for g, w in zip(got, ReferenceEvaluator(model).run(None, {"x": x})):
         assert g.dtype == w.dtype
         np.testing.assert_array_equal(g, w)
+
+
+def test_castlike_of_a_constant_folds_without_the_like_value():
+    """Pad's constant_value = CastLike(constant, X) with X fed: the value is known when planning (only X's type
+    matters), as the Attention function body's padding needs."""
+    nodes = [helper.make_node("CastLike", ["neg_inf", "x"], ["fill"]),
+             helper.make_node("Pad", ["x", "pads", "fill"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F16, [8, 10])],     # too big to plan per value
+                   [helper.make_tensor_value_info("y", F16, None)],
+                   [("neg_inf", np.array([-np.inf], np.float32)), ("pads", np.array([0, 1, 0, 2], np.int64))], opset=21)
+    x = np.arange(80, dtype=np.float16).reshape(8, 10)
+    got = InferenceSession(model).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, np.pad(x, [(0, 0), (1, 2)], constant_values=-np.inf))

@@ -70,6 +70,7 @@ class OpDef:
     type_input: int | None = 0   # the input whose element type ``dtypes`` constrains (None: no input)
     attrs: dict[str, Attr] = field(default_factory=dict)   # the attributes it accepts, with their defaults
     writes_inputs: tuple[int, ...] = ()   # inputs its kernel updates in place (accumulators, optimizers)
+    type_inputs: tuple[int, ...] = ()     # inputs read for their type only: folding does not wait for their values
     doc: str = ""
     known_outputs: Callable | None = None  # (ctx) -> {output index: array}: outputs known when planning though
     #                                        the op runs (ConcatTraining's input lengths, read as SplitTraining's sizes)

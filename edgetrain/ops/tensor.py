@@ -862,7 +862,8 @@ DROPOUT_ATTRS = {"seed": Int()}
 OPS = OPS_FOLD + (
     OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY, vjp=_cast_vjp, workspace=_cast_workspace,
           attrs={"saturate": Flag(1), "to": Int(REQUIRED)}),
-    OpDef("CastLike", _cast_like, since=19, kind="lowered", fold=lambda ctx, x, like: x.astype(like.dtype),
+    OpDef("CastLike", _cast_like, since=19, kind="lowered", fold=lambda ctx, x, like: x.astype(ctx.type(1).dtype),
+          type_inputs=(1,),
           dtypes=ANY, vjp=_cast_like_vjp, attrs={"saturate": Flag(1)},
           doc="lowered to Cast to the element type of input 1 (plan/lower.py)"),
     OpDef("Concat", _concat, kernel="tensor.concat", dtypes=ANY, vjp=_concat_vjp, attrs={"axis": Int(REQUIRED)}),

@@ -124,7 +124,7 @@ def _foldable(op: OpDef, ctx: NodeContext) -> bool:
         return True
     if not op.deterministic:
         return False
-    present = [c for i, c in enumerate(ctx.consts) if ctx.has_input(i)]
+    present = [c for i, c in enumerate(ctx.consts) if ctx.has_input(i) and i not in op.type_inputs]
     return bool(present) and all(c is not None for c in present)
 
 
