@@ -233,3 +233,29 @@ def test_castlike_of_a_constant_folds_without_the_like_value():
     x = np.arange(80, dtype=np.float16).reshape(8, 10)
     got = InferenceSession(model).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got, np.pad(x, [(0, 0), (1, 2)], constant_values=-np.inf))
+
+
+SMALL_TYPES = [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ,
+               TensorProto.FLOAT4E2M1, TensorProto.INT4, TensorProto.UINT4, TensorProto.INT2, TensorProto.UINT2]
+
+
+@pytest.mark.parametrize("to", SMALL_TYPES, ids=lambda t: TensorProto.DataType.Name(t))
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_casts_to_and_from_the_ml_dtypes_types_agree_with_the_reference(to, saturate):
+    """float32 -> small type -> float16 and -> int8, with values past the range, ties, inf and nan: the small
+    type rounds (and saturates) as onnx's reference does, and going back is exact."""
+    x = np.array([0.3, -1.7, 2.5, 3.5, 7.5, -9.0, 300.0, 1e5, -1e9, np.inf, -np.inf, np.nan, -0.0, 0.0139],
+                 np.float32)
+    if to in (TensorProto.INT4, TensorProto.UINT4, TensorProto.INT2, TensorProto.UINT2):
+        x = x[np.isfinite(x) & (np.abs(x) < 100)]       # float -> int outside the range is not defined
+    nodes = [helper.make_node("Cast", ["x"], ["small"], to=to, saturate=saturate),
+             helper.make_node("Reshape", ["small", "shape"], ["moved"]),
+             helper.make_node("Cast", ["moved"], ["half"], to=F16)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F32, [len(x)])],
+                   [helper.make_tensor_value_info("small", to, None), helper.make_tensor_value_info("half", F16, None)],
+                   [("shape", np.array([1, -1], np.int64))], opset=21)
+    got = InferenceSession(model).run(None, {"x": x})
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g.astype(np.float32), w.astype(np.float32))

@@ -37,17 +37,29 @@ INTS = (np.dtype(np.int32), np.dtype(np.int64))
 CARRIED = {np.dtype(np.float16): np.dtype(np.float32)}
 ARITHMETIC = {np.dtype(np.float16): np.dtype(np.float32)}
 
-try:        # onnx's own dependency for bfloat16 arrays; without it bfloat16 stays an unsupported element type
+try:        # onnx's own dependency; without it these element types stay unsupported
     import ml_dtypes
 except ImportError:     # pragma: no cover - installed with onnx
     ml_dtypes = None
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16) if ml_dtypes is not None else None
-MOVED_ONLY = (BFLOAT16,) if BFLOAT16 is not None else ()    # carried types no arithmetic op takes
-if BFLOAT16 is not None:
-    ONNX_TO_NUMPY[16] = BFLOAT16
-    NUMPY_TO_ONNX[BFLOAT16] = 16
-    ORT_TYPE_NAME[BFLOAT16] = "bfloat16"
-    CARRIED[BFLOAT16] = np.dtype(np.float32)
+
+# ONNX element types numpy lacks, as ml_dtypes names them, and onnxruntime's spelling: carried in float32 (which
+# holds each of their values exactly) and taken by Cast and the ops that only move values (``MOVED_ONLY``)
+EXTENDED = {16: ("bfloat16", "bfloat16"), 17: ("float8_e4m3fn", "float8e4m3fn"),
+            18: ("float8_e4m3fnuz", "float8e4m3fnuz"), 19: ("float8_e5m2", "float8e5m2"),
+            20: ("float8_e5m2fnuz", "float8e5m2fnuz"), 21: ("uint4", "uint4"), 22: ("int4", "int4"),
+            23: ("float4_e2m1fn", "float4e2m1"), 25: ("uint2", "uint2"), 26: ("int2", "int2")}
+SATURATING = (17, 18, 19, 20)     # float8: a Cast with saturate=1 clips to the finite range before rounding
+BFLOAT16 = None
+MOVED_ONLY: tuple[np.dtype, ...] = ()
+if ml_dtypes is not None:
+    for _code, (_name, _ort_name) in EXTENDED.items():
+        _dtype = np.dtype(getattr(ml_dtypes, _name))
+        ONNX_TO_NUMPY[_code] = _dtype
+        NUMPY_TO_ONNX[_dtype] = _code
+        ORT_TYPE_NAME[_dtype] = _ort_name
+        CARRIED[_dtype] = np.dtype(np.float32)
+        MOVED_ONLY += (_dtype,)
+    BFLOAT16 = ONNX_TO_NUMPY[16]
 
 
 def computed_as(dtype) -> np.dtype:
