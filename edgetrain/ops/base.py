@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import InputError, ShapeError
 from ..ir import Node, TensorType
-from ..ir.dtypes import FLOATS, MOVED_ONLY
+from ..ir.dtypes import ARITHMETIC, FLOATS, MOVED_ONLY
 from .attrs import REQUIRED, Attr, check_attrs
 
 ALL_NUMERIC = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
@@ -78,6 +78,12 @@ class OpDef:
     @property
     def key(self) -> tuple[str, str]:
         return (self.domain, self.op_type)
+
+    @property
+    def element_types(self) -> tuple[np.dtype, ...]:
+        """The element types input ``type_input`` takes: ``dtypes``, and float16 where float32 is one of them
+        (plans compute it in float32: plan/widen.py)."""
+        return tuple(self.dtypes) + tuple(d for d, c in ARITHMETIC.items() if c in self.dtypes and d not in self.dtypes)
 
     def checked_attrs(self, node: Node) -> dict:
         """``node``'s attributes validated against ``attrs`` and made canonical (``edgetrain.ops.attrs``)."""

@@ -15,7 +15,7 @@ import numpy as np
 from .. import budget
 from ..errors import EdgetrainError, ShapeError, UnsupportedOpError
 from ..ir import Graph, TensorType
-from ..ir.dtypes import ARITHMETIC, CARRIED, ORT_TYPE_NAME, carrier
+from ..ir.dtypes import CARRIED, ORT_TYPE_NAME, carrier
 from ..ops import NodeContext, OpDef, lookup
 
 
@@ -108,15 +108,10 @@ def _checked(ctx: NodeContext, name: str, t) -> int:
 def _check_dtype(op: OpDef, ctx: NodeContext):
     i = op.type_input
     if (i is not None and i < len(ctx.in_types) and ctx.in_types[i] is not None
-            and ctx.in_types[i].dtype not in accepted(op)):
+            and ctx.in_types[i].dtype not in op.element_types):
         got = ORT_TYPE_NAME.get(ctx.in_types[i].dtype, str(ctx.in_types[i].dtype))
         raise UnsupportedOpError(f"{ctx.node}: element type '{got}' of input {i} is not supported by "
-                                 f"{op.op_type}; supported: {', '.join(ORT_TYPE_NAME[d] for d in accepted(op))}")
-
-
-def accepted(op: OpDef) -> tuple[np.dtype, ...]:
-    """The element types ``op`` takes: its declared ones, and float16 where it computes in float32."""
-    return tuple(op.dtypes) + tuple(d for d, c in ARITHMETIC.items() if c in op.dtypes and d not in op.dtypes)
+                                 f"{op.op_type}; supported: {', '.join(ORT_TYPE_NAME[d] for d in op.element_types)}")
 
 
 def _foldable(op: OpDef, ctx: NodeContext) -> bool:
