@@ -154,8 +154,9 @@ def test_training_float16_parameters_is_refused_naming_the_parameter(tmp_path):
     rng = np.random.default_rng(2)
     model = _mlp(rng)
     with pytest.raises(EdgetrainError, match="parameter 'w1'.*float32"):
-        artifacts.generate_artifacts(model, requires_grad=["w1"], loss=artifacts.LossType.MSELoss, loss_input_names=["logits"],
-                                     optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path)
+        artifacts.generate_artifacts(model, requires_grad=["w1"], loss=artifacts.LossType.MSELoss,
+                                     loss_input_names=["logits"], optimizer=artifacts.OptimType.AdamW,
+                                     artifact_directory=tmp_path)
 
 
 def test_bfloat16_is_cast_and_moved_but_not_computed():
@@ -216,7 +217,8 @@ def test_integer_top_k_agrees_with_the_reference(dtype, elem, largest):
         x[0, :3] = [2**64 - 1, 2**63, 2**63 + 1]                           # beyond int64
     model = _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], largest=largest)],
                    [helper.make_tensor_value_info("x", elem, list(x.shape))],
-                   [helper.make_tensor_value_info("v", elem, None), helper.make_tensor_value_info("i", TensorProto.INT64, None)],
+                   [helper.make_tensor_value_info("v", elem, None),
+                    helper.make_tensor_value_info("i", TensorProto.INT64, None)],
                    [("k", np.array([4], np.int64))], opset=11)
     got = InferenceSession(model).run(None, {"x": x})
     for g, w in zip(got, ReferenceEvaluator(model).run(None, {"x": x})):

@@ -60,9 +60,10 @@ def training_graph(graph: Graph, loss: str, requires_grad: list[str], frozen: li
     types = {v.name: v.type for v in graph.inputs} | {p: _value(graph, p).type for p in params}
     for p in trainable:
         if getattr(types[p], "dtype", None) in CARRIED:
-            raise EdgetrainError(f"parameter '{p}' is {types[p]}: edgetrain trains float32/float64 parameters only "
-                                 f"({ORT_TYPE_NAME[types[p].dtype]} runs for inference, computed in float32); "
-                                 "convert the model's parameters to float32 to train it")
+            raise EdgetrainError(
+                f"parameter '{p}' is {types[p]}: edgetrain trains float32/float64 parameters only "
+                f"({ORT_TYPE_NAME[types[p].dtype]} runs for inference, computed in float32); "
+                "convert the model's parameters to float32 to train it")
     flag = TensorType(np.bool_, (1,))
     if trainable:
         prepared = prepare_for_training(graph)

@@ -83,7 +83,8 @@ class OpDef:
     def element_types(self) -> tuple[np.dtype, ...]:
         """The element types input ``type_input`` takes: ``dtypes``, and float16 where float32 is one of them
         (plans compute it in float32: plan/widen.py)."""
-        return tuple(self.dtypes) + tuple(d for d, c in ARITHMETIC.items() if c in self.dtypes and d not in self.dtypes)
+        return tuple(self.dtypes) + tuple(d for d, c in ARITHMETIC.items()
+                                          if c in self.dtypes and d not in self.dtypes)
 
     def checked_attrs(self, node: Node) -> dict:
         """``node``'s attributes validated against ``attrs`` and made canonical (``edgetrain.ops.attrs``)."""

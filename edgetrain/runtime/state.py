@@ -35,7 +35,8 @@ class StateStore:
     @staticmethod
     def names_of(arrays: dict[str, np.ndarray], shown: int = 5) -> str:
         names = list(arrays)
-        return ", ".join(f"'{n}'" for n in names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        return ", ".join(f"'{n}'" for n in names[:shown]) + more
 
     def __init__(self, trainable: dict[str, np.ndarray], frozen: dict[str, np.ndarray]):
         dtypes = {a.dtype for a in trainable.values()}
