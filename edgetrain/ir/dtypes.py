@@ -49,7 +49,6 @@ EXTENDED = {16: ("bfloat16", "bfloat16"), 17: ("float8_e4m3fn", "float8e4m3fn"),
             20: ("float8_e5m2fnuz", "float8e5m2fnuz"), 21: ("uint4", "uint4"), 22: ("int4", "int4"),
             23: ("float4_e2m1fn", "float4e2m1"), 25: ("uint2", "uint2"), 26: ("int2", "int2")}
 SATURATING = (17, 18, 19, 20)     # float8: a Cast with saturate=1 clips to the finite range before rounding
-BFLOAT16 = None
 MOVED_ONLY: tuple[np.dtype, ...] = ()
 if ml_dtypes is not None:
     for _code, (_name, _ort_name) in EXTENDED.items():
@@ -59,7 +58,6 @@ if ml_dtypes is not None:
         ORT_TYPE_NAME[_dtype] = _ort_name
         CARRIED[_dtype] = np.dtype(np.float32)
         MOVED_ONLY += (_dtype,)
-    BFLOAT16 = ONNX_TO_NUMPY[16]
 
 
 def computed_as(dtype) -> np.dtype:

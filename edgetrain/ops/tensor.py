@@ -139,7 +139,8 @@ def _cast(ctx):
 
 
 def _cast_workspace(ctx):
-    """A Cast to float16 whose result is carried in float32 rounds through a float16 copy."""
+    """A Cast to a carried type (float16, float8, ...) whose result is held in float32 (plan/widen.py) rounds
+    through a copy of that type."""
     to = to_numpy(ctx.attr("to"), f"{ctx.node} attribute 'to'")
     return [TensorType(to, ctx.shape(0))] if ctx.out(0).dtype != to else []
 

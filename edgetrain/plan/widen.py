@@ -5,7 +5,8 @@ as many runtimes do on hardware without float16 units. Its value is rounded to f
 value observable: a Cast to float16 rounds (through a float16 scratch, ``kernels.tensor.cast``), and an output
 declared float16 is converted when the program returns it (``Program``). Intermediate results keep float32's
 precision, so they are at least as accurate as a float16 computation. Shape rules and folding ran on the
-declared types before this pass (``specialize``), so a model is checked as written.
+declared types before this pass (``specialize``), so a model is checked as written. The ml_dtypes types (bfloat16,
+float8, int4, ...) are carried the same way; only Cast and ops that move values take them (``ir.dtypes``).
 """
 from __future__ import annotations
 
