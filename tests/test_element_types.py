@@ -263,3 +263,16 @@ def test_casts_to_and_from_the_ml_dtypes_types_agree_with_the_reference(to, satu
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
         np.testing.assert_array_equal(g.astype(np.float32), w.astype(np.float32))
+
+
+def test_a_float16_initializer_whose_data_does_not_fill_its_dims_is_named():
+    """dims of 10**9 float16 values over 8 bytes of data: a load error naming the initializer, nothing allocated."""
+    from edgetrain.errors import ModelLoadError
+
+    w = TensorProto(name="w", data_type=F16, dims=[10**9], raw_data=b"\0" * 8)
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", F16, [1])],
+                              [helper.make_tensor_value_info("y", F16, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    with pytest.raises(ModelLoadError, match="initializer 'w'.*1000000000"):
+        InferenceSession(model)
