@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import budget
+from ..ir import TensorType
 from ..ir.dtypes import CARRIED, carrier
 from .specialize import Specialized, carried_context
 
@@ -20,17 +21,17 @@ from .specialize import Specialized, carried_context
 def widen(spec: Specialized, max_memory: int | None = None) -> Specialized:
     """``spec`` with every carried value in its carrier type; ``spec.declared`` keeps the declared element type
     of the graph inputs and outputs that changed (the program converts them)."""
-    narrow = {name for name, t in spec.types.items() if getattr(t, "dtype", None) in CARRIED}
+    narrow = {name for name, t in spec.types.items() if isinstance(t, TensorType) and t.dtype in CARRIED}
     if not narrow:
         return spec
     grown = sum(np.asarray(c).size * carrier(np.asarray(c).dtype).itemsize
                 for name, c in spec.consts.items() if name in narrow)
-    budget.check(grown, max_memory, "constants converted from float16 to float32")
+    budget.check(grown, max_memory, "constants widened to float32 (from float16 or another carried type)")
     edges = set(spec.input_names) | set(spec.output_names)
     spec.declared = {name: spec.types[name].dtype for name in narrow & edges}
     for name in narrow:
         t = spec.types[name]
-        spec.types[name] = type(t)(carrier(t.dtype), t.shape)
+        spec.types[name] = TensorType(carrier(t.dtype), t.shape)
         if name in spec.consts:
             spec.consts[name] = np.asarray(spec.consts[name]).astype(carrier(spec.consts[name].dtype))
     for b in spec.nodes:
