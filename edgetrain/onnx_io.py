@@ -92,10 +92,18 @@ def _tensor_type(vi, where: str) -> TensorType | SequenceType:
     return TensorType(to_numpy(tt.elem_type, f"{where} '{vi.name}'"), dims)
 
 
+def _array(t: onnx.TensorProto, what: str) -> np.ndarray:
+    """The tensor's values; data that does not fill its declared dims is the file's error, named."""
+    try:
+        return numpy_helper.to_array(t)
+    except ValueError as e:
+        raise ModelLoadError(f"{what} declares dims {list(t.dims)} that its data does not match: {e}") from None
+
+
 def _attr_value(a: onnx.AttributeProto):
     kind = a.type
     if kind == onnx.AttributeProto.TENSOR:
-        return numpy_helper.to_array(a.t)
+        return _array(a.t, f"tensor attribute '{a.name}'")
     if kind == onnx.AttributeProto.STRING:
         return a.s.decode("utf-8")
     if kind == onnx.AttributeProto.STRINGS:
@@ -118,7 +126,7 @@ def to_graph(model) -> Graph:
     initializers = {}
     for t in g.initializer:
         to_numpy(t.data_type, f"initializer '{t.name}'")
-        initializers[t.name] = numpy_helper.to_array(t)
+        initializers[t.name] = _array(t, f"initializer '{t.name}'")
     inputs = [Value(vi.name, _tensor_type(vi, "graph input")) for vi in g.input if vi.name not in initializers]
     # an output declared without any type (``make_empty_tensor_value_info``) gets its type when planning
     outputs = [Value(vi.name, _tensor_type(vi, "graph output") if vi.type.WhichOneof("value") else None)

@@ -54,7 +54,9 @@ class InferenceSession:
 
     def get_outputs(self) -> list[NodeArg]:
         """Declared outputs; an output declared without a type gets the one its last plan inferred."""
-        planned = next(reversed(self._programs.values())).plan.spec.types if self._programs else {}
+        spec = next(reversed(self._programs.values())).plan.spec if self._programs else None
+        planned = {} if spec is None else {n: TensorType(spec.declared[n], t.shape) if n in spec.declared else t
+                                           for n, t in spec.types.items()}    # float16 as declared, not as computed
         return [node_arg(v, planned.get(v.name)) for v in self.graph.outputs]
 
     def get_providers(self) -> list[str]:

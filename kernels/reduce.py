@@ -53,6 +53,8 @@ def _identity_element(op: int, dtype: np.dtype):
     if op == PROD:
         return dtype.type(1)
     low = op == MAX
+    if dtype.kind == "b":       # max of booleans is any (starts False), min is all (starts True)
+        return dtype.type(not low)
     if dtype.kind == "f":
         return dtype.type(-np.inf if low else np.inf)
     info = np.iinfo(dtype)

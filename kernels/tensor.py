@@ -10,6 +10,7 @@ import builtins
 import numpy as np
 
 from edgetrain import config
+from edgetrain.ir.dtypes import ONNX_TO_NUMPY, SATURATING, ml_dtypes
 from edgetrain.ops.tensor import (
     RESIZE_RANK,
     dropout_grad_scale,
@@ -34,6 +35,26 @@ from ._jit import jit
 
 
 def cast(ctx):
+    """numpy's conversion (float16: round to nearest even; the ml_dtypes types as onnx's reference converts). A
+    result carried in float32 (plan/widen.py) is rounded through the scratch of its own type the op's workspace
+    rule asks for."""
+    if ctx.op.workspace(ctx):
+        to = ctx.attr("to")
+        if to in SATURATING and ctx.attr("saturate"):
+            limit = float(ml_dtypes.finfo(ONNX_TO_NUMPY[to]).max)
+
+            def run_saturated(x, y, rounded):
+                np.clip(x, -limit, limit, out=y)      # inf too, as ONNX's saturation table says; NaN stays
+                np.copyto(rounded, y, casting="unsafe")
+                np.copyto(y, rounded)
+            return run_saturated
+
+        def run(x, y, rounded):
+            with np.errstate(over="ignore"):    # past float16's range is inf, as ONNX says: no warning
+                np.copyto(rounded, x, casting="unsafe")
+            np.copyto(y, rounded)
+        return run
+
     def run(x, y):
         np.copyto(y, x, casting="unsafe")
     return run

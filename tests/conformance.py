@@ -79,7 +79,9 @@ def _close(got, want, rtol, atol) -> bool:
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape or got.dtype != want.dtype:
         return False
-    if want.dtype.kind in "fc":
+    if want.dtype.kind in "fcV":      # ml_dtypes' types (bfloat16, float8, int4, ...) have kind "V" or "f"
+        if want.dtype.kind == "V" or want.dtype.itemsize < 2:
+            got, want = got.astype(np.float32), want.astype(np.float32)
         return bool(np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True))
     return bool(np.array_equal(got, want))
 

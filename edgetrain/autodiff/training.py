@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import EdgetrainError
 from ..ir import Graph, Node, TensorType, Value
+from ..ir.dtypes import CARRIED, ORT_TYPE_NAME
 from ..ops import lookup
 from .builder import MS, backward_domains, gradient_graph, prepare_for_training, symbolic_types
 
@@ -57,6 +58,12 @@ def training_graph(graph: Graph, loss: str, requires_grad: list[str], frozen: li
     # gradients in ORT's order: graph inputs that require one, then trainable parameters
     trainable = [v.name for v in graph.inputs if v.name in wanted] + [p for p in params if p in wanted]
     types = {v.name: v.type for v in graph.inputs} | {p: _value(graph, p).type for p in params}
+    for p in trainable:
+        if getattr(types[p], "dtype", None) in CARRIED:
+            raise EdgetrainError(
+                f"parameter '{p}' is {types[p]}: edgetrain trains float32/float64 parameters only "
+                f"({ORT_TYPE_NAME[types[p].dtype]} runs for inference, computed in float32); "
+                "convert the model's parameters to float32 to train it")
     flag = TensorType(np.bool_, (1,))
     if trainable:
         prepared = prepare_for_training(graph)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ir.dtypes import ONNX_TO_NUMPY
+from ..ir.dtypes import EXTENDED, ONNX_TO_NUMPY
 
 SCHEMA_PATH = Path(__file__).with_name("ort_training_checkpoint.fbs")
 FILE_IDENTIFIER = b"ODTC"
@@ -54,8 +54,9 @@ TYPE_NAMES = {0: "UNDEFINED", 1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5:
               14: "COMPLEX64", 15: "COMPLEX128", 16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ",
               19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ"}
 
-# Element types with a numpy dtype (the ones edgetrain's IR knows); not STRING, complex, bfloat16, float8.
-DTYPES: dict[int, np.dtype] = dict(ONNX_TO_NUMPY)
+# Element types with a plain numpy dtype (the IR's, less those ml_dtypes adds: bfloat16, float8, int4, ...); not
+# STRING or complex: a checkpoint holds training state, which edgetrain keeps in these.
+DTYPES: dict[int, np.dtype] = {k: v for k, v in ONNX_TO_NUMPY.items() if k not in EXTENDED}
 TYPE_OF: dict[np.dtype, int] = {v: k for k, v in DTYPES.items()}
 MAX_NDIM = 32        # numpy 1.x's limit; no parameter comes near it
 

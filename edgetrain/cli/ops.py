@@ -20,7 +20,8 @@ def run(args) -> int:
             continue
         kind = "yes" if op.vjp is not None else ("training op" if domain != "ai.onnx" or name.endswith("Grad")
                                                  else "no")
-        types = ", ".join(ORT_TYPE_NAME.get(d, str(d)) for d in op.dtypes) if op.type_input is not None else "any"
+        types = (", ".join(ORT_TYPE_NAME.get(d, str(d)) for d in op.element_types)
+                 if op.type_input is not None else "any")
         rows.append((name, domain, str(op.since), kind, types))
     widths = [max(len(r[k]) for r in rows + [("op", "domain", "since", "gradient", "types")]) for k in range(4)]
     print(f"{'op':{widths[0]}}  {'domain':{widths[1]}}  {'since':{widths[2]}}  {'gradient':{widths[3]}}  types")

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import InputError, ShapeError
 from ..ir import Node, TensorType
-from ..ir.dtypes import FLOATS
+from ..ir.dtypes import ARITHMETIC, FLOATS, MOVED_ONLY
 from .attrs import REQUIRED, Attr, check_attrs
 
 ALL_NUMERIC = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
@@ -22,7 +22,7 @@ UNSIGNED = tuple(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64
 NUMERIC = ALL_NUMERIC + SMALL_SIGNED + UNSIGNED     # every integer width ONNX's arithmetic ops declare
 SIGNED = ALL_NUMERIC + SMALL_SIGNED
 INTEGERS = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64)) + UNSIGNED
-ANY = NUMERIC + tuple(np.dtype(t) for t in (np.bool_, np.float16))
+ANY = NUMERIC + tuple(np.dtype(t) for t in (np.bool_, np.float16)) + MOVED_ONLY
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class OpDef:
     type_input: int | None = 0   # the input whose element type ``dtypes`` constrains (None: no input)
     attrs: dict[str, Attr] = field(default_factory=dict)   # the attributes it accepts, with their defaults
     writes_inputs: tuple[int, ...] = ()   # inputs its kernel updates in place (accumulators, optimizers)
+    type_inputs: tuple[int, ...] = ()     # inputs read for their type only: folding does not wait for their values
     doc: str = ""
     known_outputs: Callable | None = None  # (ctx) -> {output index: array}: outputs known when planning though
     #                                        the op runs (ConcatTraining's input lengths, read as SplitTraining's sizes)
@@ -77,6 +78,13 @@ class OpDef:
     @property
     def key(self) -> tuple[str, str]:
         return (self.domain, self.op_type)
+
+    @property
+    def element_types(self) -> tuple[np.dtype, ...]:
+        """The element types input ``type_input`` takes: ``dtypes``, and float16 where float32 is one of them
+        (plans compute it in float32: plan/widen.py)."""
+        return tuple(self.dtypes) + tuple(d for d, c in ARITHMETIC.items()
+                                          if c in self.dtypes and d not in self.dtypes)
 
     def checked_attrs(self, node: Node) -> dict:
         """``node``'s attributes validated against ``attrs`` and made canonical (``edgetrain.ops.attrs``)."""

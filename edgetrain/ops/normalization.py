@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Node, TensorType
-from ..ir.dtypes import FLOATS, to_onnx
+from ..ir.dtypes import FLOATS, computed_as, to_onnx
 from .attrs import REQUIRED, Flag, Float, Int
 from .base import NodeContext, OpDef, normalize_axis
 
@@ -35,7 +35,7 @@ LAYER_NORM_ATTRS = {"axis": Int(-1), "epsilon": EPSILON, "stash_type": STASH_TYP
 
 def _float_input(ctx: NodeContext, i: int, what: str) -> TensorType:
     t = ctx.type(i)
-    if t.dtype not in FLOATS:
+    if computed_as(t.dtype) not in FLOATS:
         raise ctx.error(f"input {i} ('{what}') must be float or double, got {t}")
     return t
 

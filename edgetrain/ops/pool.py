@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Node, TensorType
-from ..ir.dtypes import to_onnx
+from ..ir.dtypes import FLOATS, to_onnx
 from .attrs import REQUIRED, Flag, Int, Ints
 from .base import NodeContext, OpDef
 from .conv import DIM, POOL_ATTRS, Window, check_rank, smallest_input, window_geometry
@@ -212,6 +212,7 @@ OPS = (
     OpDef("LpPool", _average_pool, since=18, kernel="pool.lp_pool", vjp=_lp_pool_vjp, attrs=LP_POOL_ATTRS,
           doc="1-D/2-D; p, ceil_mode, dilations; gradient through com.microsoft ConvGrad"),
     OpDef("MaxPool", _max_pool, since=12, kernel="pool.max_pool", vjp=_max_pool_vjp, grad_outputs=2,
+          dtypes=FLOATS + tuple(np.dtype(t) for t in (np.int8, np.uint8)),     # 8-bit: lowered (plan/lower.py)
           attrs=MAX_POOL_ATTRS,
           doc="1-D/2-D; optional Indices output (flattened over N*C*H*W, storage_order 0 or 1)"),
     OpDef("MaxUnpool", _max_unpool, since=22, kernel="pool.max_unpool", vjp=_max_unpool_vjp,

@@ -11,8 +11,10 @@ import numpy as np
 from ..ir import TensorType
 from ..ir.dtypes import FLOATS, INTS
 from .attrs import Flag, Int, Ints
-from .base import NodeContext, OpDef, normalize_axis
+from .base import INTEGERS, NodeContext, OpDef, normalize_axis
 from .softmax import EDGETRAIN
+
+BOOL = (np.dtype(np.bool_),)    # ReduceMax/ReduceMin of bool: any/all (opset 20)
 
 # the axes attribute is the pre-opset-18 form (ReduceSum: pre-13); later opsets take them as an input
 REDUCE_ATTRS = {"axes": Ints(), "keepdims": Flag(1), "noop_with_empty_axes": Flag(0)}
@@ -305,7 +307,7 @@ OPS = (
           attrs=ARG_ATTRS, doc="int64 indices; the first NaN wins, as numpy's argmax"),
     OpDef("ArgMin", _arg, since=13, kernel="reduce.arg_min", fold=_arg_fold(np.argmin), dtypes=FLOATS + INTS,
           attrs=ARG_ATTRS, doc="int64 indices; the first NaN wins, as numpy's argmin"),
-    OpDef("TopK", _topk, since=11, kernel="reduce.topk", dtypes=FLOATS + INTS, vjp=_topk_vjp,
+    OpDef("TopK", _topk, since=11, kernel="reduce.topk", dtypes=FLOATS + INTEGERS, vjp=_topk_vjp,
           attrs={"axis": Int(-1), "largest": Flag(1), "sorted": Flag(1)},
           doc="K (input 1) known when planning; always sorted, ties by lower index, NaN as the largest value; "
               "gradient through Values"),
@@ -327,10 +329,12 @@ OPS = (
     OpDef("ReduceLogSumExp", _reduce, since=18, kernel="reduce.reduce_log_sum_exp", workspace=transformed_workspace,
           vjp=_transformed_vjp(TRANSFORMED_VJPS["ReduceLogSumExp"]), attrs=REDUCE_ATTRS,
           doc="log of the sum of exp(x), computed around the max"),
-    OpDef("ReduceMax", _reduce, since=18, kernel="reduce.reduce_max", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp,
+    OpDef("ReduceMax", _reduce, since=18, kernel="reduce.reduce_max", dtypes=FLOATS + INTS + BOOL,
+          vjp=_reduce_extreme_vjp,
           attrs=REDUCE_ATTRS),
     OpDef("ReduceMean", _reduce, since=18, kernel="reduce.reduce_mean", vjp=_reduce_mean_vjp, attrs=REDUCE_ATTRS),
-    OpDef("ReduceMin", _reduce, since=18, kernel="reduce.reduce_min", dtypes=FLOATS + INTS, vjp=_reduce_extreme_vjp,
+    OpDef("ReduceMin", _reduce, since=18, kernel="reduce.reduce_min", dtypes=FLOATS + INTS + BOOL,
+          vjp=_reduce_extreme_vjp,
           attrs=REDUCE_ATTRS),
     OpDef("ReduceProd", _reduce, since=18, kernel="reduce.reduce_prod", dtypes=FLOATS + INTS, vjp=_reduce_prod_vjp,
           attrs=REDUCE_ATTRS),

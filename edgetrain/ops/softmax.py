@@ -9,7 +9,7 @@ SoftmaxCrossEntropyLossGrad without the softmax term.
 from __future__ import annotations
 
 from ..ir import TensorType
-from ..ir.dtypes import FLOATS, INTS
+from ..ir.dtypes import FLOATS, INTS, computed_as
 from .attrs import Int, String
 from .base import NodeContext, OpDef, axis_view, normalize_axis
 
@@ -107,7 +107,7 @@ def _sce_grad(ctx: NodeContext):
     """Inputs dY, log_prob [N, C, D...], labels [N, D...][, weights [C]]; dY is the loss's gradient: labels'
     shape for reduction none, one element otherwise. The kernel indexes weights by label, so its length is C."""
     dy, log_prob, labels = ctx.type(0), ctx.type(1), ctx.type(2)
-    if len(log_prob.shape) < 2 or log_prob.shape[1] < 1 or log_prob.dtype not in FLOATS:
+    if len(log_prob.shape) < 2 or log_prob.shape[1] < 1 or computed_as(log_prob.dtype) not in FLOATS:
         raise ctx.error(f"log_prob must be float [N, C, D1, ...] with C >= 1, got {log_prob}")
     if labels.dtype not in INTS or tuple(labels.shape) != (log_prob.shape[0],) + tuple(log_prob.shape[2:]):
         raise ctx.error(f"labels {labels} do not match log_prob {log_prob}")

@@ -151,15 +151,15 @@ def _cast(ctx):
     return [TensorType(to_numpy(ctx.attr("to"), f"{ctx.node} attribute 'to'"), ctx.shape(0))]
 
 
+def _cast_workspace(ctx):
+    """A Cast to a carried type (float16, float8, ...) whose result is held in float32 (plan/widen.py) rounds
+    through a copy of that type."""
+    to = to_numpy(ctx.attr("to"), f"{ctx.node} attribute 'to'")
+    return [TensorType(to, ctx.shape(0))] if ctx.out(0).dtype != to else []
+
+
 def _cast_like(ctx):
     return [TensorType(ctx.type(1).dtype, ctx.shape(0))]
-
-
-def _cast_like_known(ctx):
-    """A constant cast like a runtime tensor is known when planning: only input 1's element type is read (ONNX
-    function bodies cast their constants so, e.g. Attention's -inf padding value)."""
-    value = ctx.consts[0]
-    return {} if value is None else {0: np.asarray(value).astype(ctx.type(1).dtype)}
 
 
 def _cast_like_vjp(g, dys):
@@ -924,10 +924,11 @@ DROPOUT_ATTRS = {"seed": Int()}
 
 
 OPS = OPS_FOLD + (
-    OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY, vjp=_cast_vjp,
+    OpDef("Cast", _cast, since=19, kernel="tensor.cast", dtypes=ANY, vjp=_cast_vjp, workspace=_cast_workspace,
           attrs={"saturate": Flag(1), "to": Int(REQUIRED)}),
-    OpDef("CastLike", _cast_like, since=19, kind="lowered", fold=lambda ctx, x, like: x.astype(like.dtype),
-          known_outputs=_cast_like_known, dtypes=ANY, vjp=_cast_like_vjp, attrs={"saturate": Flag(1)},
+    OpDef("CastLike", _cast_like, since=19, kind="lowered", fold=lambda ctx, x, like: x.astype(ctx.type(1).dtype),
+          type_inputs=(1,),
+          dtypes=ANY, vjp=_cast_like_vjp, attrs={"saturate": Flag(1)},
           doc="lowered to Cast to the element type of input 1 (plan/lower.py)"),
     OpDef("Concat", _concat, kernel="tensor.concat", dtypes=ANY, vjp=_concat_vjp, attrs={"axis": Int(REQUIRED)}),
     OpDef("Dropout", _dropout, kernel="tensor.dropout", deterministic=False, attrs=DROPOUT_ATTRS,

@@ -1,6 +1,6 @@
 """Planning: IR graph + concrete input shapes -> Plan (steps, buffers, offsets). Pure: no Numba.
 
-    specialize -> lower -> fuse -> plan_memory
+    specialize -> lower -> widen -> fuse -> plan_memory
 
 Each stage can be switched off for bisecting a wrong answer: ``EDGETRAIN_NO_FUSION=1`` gives one step per
 node, ``EDGETRAIN_NO_PLANNER=1`` gives every buffer its own bytes.
@@ -21,6 +21,7 @@ from .gradients import direct_gradients as direct_gradients_into
 from .lower import lower
 from .memory import Buffer, MemoryPlan, live_at_peak, plan_memory
 from .specialize import Specialized, specialize
+from .widen import widen
 
 
 @dataclass
@@ -109,7 +110,7 @@ def make_plan(graph: Graph, input_types: dict[str, TensorType], output_names: li
     unknown = external - set(input_types)
     if unknown:
         raise EdgetrainError(f"external inputs {sorted(unknown)} are not inputs of graph '{graph.name}'")
-    spec = lower(specialize(graph, input_types, output_names, consts, max_memory))
+    spec = widen(lower(specialize(graph, input_types, output_names, consts, max_memory)), max_memory)
     redirected = direct_gradients_into(spec, external) if direct_gradients else []
     spec.output_names += redirected        # written by the program: fusion must materialize them
     steps = fuse(spec, enabled=config.fusion_enabled())

@@ -4,6 +4,7 @@
 - ``Conv(X, W, B)`` -> ``Conv(X, W)`` then ``Add(acc, B viewed as [M, 1, ...])``, ConvTranspose alike
 - ``BatchNormalization`` in inference mode -> its per-channel factor, then ``(X - mean) * a + B`` element-wise,
   fused with what surrounds it (the convolution's bias, the activation)
+- ``MaxPool`` of int8/uint8 -> Cast to float32, MaxPool, Cast back (exact: the kernels pool floats)
 - ``Dropout`` in inference mode (or with ratio 0) -> a view of its input, with an all-true mask
 - ``Transpose`` of the last two dims read only by GEMMs (``MatMul``, ``FusedMatMul``) -> gone, each reader a
   ``FusedMatMul`` with its transA/transB flag flipped: BLAS reads the operand transposed in place instead of
@@ -139,6 +140,20 @@ def _cast_like(e: _Emitter, b: Bound) -> bool:
     ctx, node = b.ctx, b.node
     e.emit(node, "Cast", [node.inputs[0]], [node.outputs[0]], [ctx.out(0)],
            {"to": to_onnx(ctx.out(0).dtype), "saturate": ctx.attr("saturate")}, opset=19)
+    return True
+
+
+def _max_pool_8bit(e: _Emitter, b: Bound) -> bool:
+    """MaxPool of int8/uint8 (opset 12) runs in float32, which holds every 8-bit value exactly."""
+    ctx, node = b.ctx, b.node
+    dtype = ctx.type(0).dtype
+    if dtype.kind not in "iu":
+        return False
+    x, y, f32 = node.inputs[0], node.outputs[0], np.dtype(np.float32)
+    e.emit(node, "Cast", [x], [f"{y}/x_float"], [TensorType(f32, ctx.shape(0))], {"to": to_onnx(f32)}, opset=19)
+    e.emit(node, "MaxPool", [f"{y}/x_float"], [f"{y}/float", *node.outputs[1:]],
+           [TensorType(f32, ctx.out(0).shape), *ctx.out_types[1:]], dict(node.attrs), opset=ctx.opset)
+    e.emit(node, "Cast", [f"{y}/float"], [y], [ctx.out(0)], {"to": to_onnx(dtype)}, opset=19)
     return True
 
 
@@ -386,6 +401,7 @@ def _fused(core_type: str, n_inputs: int, attr_names):
 # returns False to keep the node as it is.
 RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "ConvTranspose"): _conv, ("", "Dropout"): _dropout,
          ("", "BatchNormalization"): _batch_norm_inference, ("", "CastLike"): _cast_like,
+         ("", "MaxPool"): _max_pool_8bit,
          ("", "Sum"): _variadic, ("", "Mean"): _variadic, ("", "Max"): _variadic, ("", "Min"): _variadic,
          ("", "SimplifiedLayerNormalization"): _simplified_layer_norm,
          ("", "RMSNormalization"): _simplified_layer_norm,

@@ -7,19 +7,19 @@ Every inferred type is checked here, whatever op's rule made it: dims are intege
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import budget
 from ..errors import EdgetrainError, ShapeError, UnsupportedOpError
 from ..ir import Graph, TensorType
-from ..ir.dtypes import ORT_TYPE_NAME
+from ..ir.dtypes import CARRIED, ORT_TYPE_NAME, carrier
 from ..ops import NodeContext, OpDef, lookup
 
 
-@dataclass
+@dataclasses.dataclass
 class Bound:
     """A node with its op definition and static types."""
     op: OpDef
@@ -30,13 +30,14 @@ class Bound:
         return self.ctx.node
 
 
-@dataclass
+@dataclasses.dataclass
 class Specialized:
     nodes: list[Bound]
     input_names: list[str]
     output_names: list[str]
     types: dict[str, TensorType]
     consts: dict[str, np.ndarray]
+    declared: dict[str, np.dtype] = dataclasses.field(default_factory=dict)  # edge values widened (widen.py)
 
 
 ALWAYS_FOLD = {("", "Shape"), ("", "Size"), ("", "Constant"), ("", "EyeLike")}   # read shapes only
@@ -106,10 +107,11 @@ def _checked(ctx: NodeContext, name: str, t) -> int:
 
 def _check_dtype(op: OpDef, ctx: NodeContext):
     i = op.type_input
-    if i is not None and i < len(ctx.in_types) and ctx.in_types[i] is not None and ctx.in_types[i].dtype not in op.dtypes:
+    if (i is not None and i < len(ctx.in_types) and ctx.in_types[i] is not None
+            and ctx.in_types[i].dtype not in op.element_types):
         got = ORT_TYPE_NAME.get(ctx.in_types[i].dtype, str(ctx.in_types[i].dtype))
         raise UnsupportedOpError(f"{ctx.node}: element type '{got}' of input {i} is not supported by "
-                                 f"{op.op_type}; supported: {', '.join(ORT_TYPE_NAME[d] for d in op.dtypes)}")
+                                 f"{op.op_type}; supported: {', '.join(ORT_TYPE_NAME[d] for d in op.element_types)}")
 
 
 def _foldable(op: OpDef, ctx: NodeContext) -> bool:
@@ -117,7 +119,7 @@ def _foldable(op: OpDef, ctx: NodeContext) -> bool:
         return True
     if not op.deterministic:
         return False
-    present = [c for i, c in enumerate(ctx.consts) if ctx.has_input(i)]
+    present = [c for i, c in enumerate(ctx.consts) if ctx.has_input(i) and i not in op.type_inputs]
     return bool(present) and all(c is not None for c in present)
 
 
@@ -146,11 +148,26 @@ def fold(op: OpDef, ctx: NodeContext) -> list[np.ndarray]:
 def _run_kernel(op: OpDef, ctx: NodeContext, args):
     family, name = op.kernel.split(".")
     launcher = getattr(importlib.import_module(f"edgetrain.kernels.{family}"), name)
+    ctx = carried_context(ctx)      # kernels compute float16 in float32; fold() rounds the results back
+    args = [a.astype(carrier(a.dtype)) if isinstance(a, np.ndarray) else a for a in args]
     outs = [np.empty(t.shape, t.dtype) if t is not None and n else None
             for n, t in zip(ctx.node.outputs, ctx.out_types)]
     scratch = [np.empty(t.shape, t.dtype) for t in (op.workspace(ctx) if op.workspace else [])]
     launcher(ctx)(*args, *outs, *scratch)
     return outs
+
+
+def _carried(t):
+    return TensorType(carrier(t.dtype), t.shape) if isinstance(t, TensorType) and t.dtype in CARRIED else t
+
+
+def carried_context(ctx: NodeContext, consts: dict[str, np.ndarray] | None = None) -> NodeContext:
+    """``ctx`` with carried element types (float16) replaced by the types kernels compute them in; its constant
+    inputs converted, or taken from ``consts`` (already converted) by name."""
+    values = ([consts.get(i) if i else None for i in ctx.node.inputs] if consts is not None else
+              [c.astype(carrier(c.dtype)) if isinstance(c, np.ndarray) else c for c in ctx.consts])
+    return dataclasses.replace(ctx, in_types=[_carried(t) for t in ctx.in_types],
+                               out_types=[_carried(t) for t in ctx.out_types], consts=values)
 
 
 def _prune(nodes: list[Bound], output_names: list[str]) -> list[Bound]:

@@ -92,7 +92,11 @@ class Program:
                     fn, args = bind(*args)
             self.calls.append((fn, tuple(args)))
         self.input_slots = [self.values[name] for name in plan.fed_inputs]
-        self.outputs = [self.values[name] for name in spec.output_names]
+        # outputs declared float16 are computed in float32 (plan/widen.py): rounded into their own array per run
+        self.outputs = [np.empty(spec.types[name].shape, spec.declared[name]) if name in spec.declared
+                        else self.values[name] for name in spec.output_names]
+        self._narrowed = [(out, self.values[name]) for out, name in zip(self.outputs, spec.output_names)
+                          if name in spec.declared]
 
     def _scratch(self, dtype, row: int) -> np.ndarray:
         """Row ``row`` of this program's scratch rows for ``dtype`` (fixed size, shared by its in-place kernels)."""
@@ -110,4 +114,6 @@ class Program:
             np.copyto(slot, x)
         for fn, args in self.calls:
             fn(*args)
+        for out, wide in self._narrowed:
+            np.copyto(out, wide, casting="unsafe")
         return self.outputs

@@ -16,6 +16,7 @@ import numpy as np
 from .. import budget
 from ..errors import EdgetrainError
 from ..ir import TensorType
+from ..ir.dtypes import CARRIED, ORT_TYPE_NAME
 
 
 def planned_nbytes(trainable: dict[str, TensorType], frozen: dict[str, TensorType]) -> int:
@@ -31,11 +32,20 @@ def planned_nbytes(trainable: dict[str, TensorType], frozen: dict[str, TensorTyp
 
 
 class StateStore:
+    @staticmethod
+    def names_of(arrays: dict[str, np.ndarray], shown: int = 5) -> str:
+        names = list(arrays)
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        return ", ".join(f"'{n}'" for n in names[:shown]) + more
+
     def __init__(self, trainable: dict[str, np.ndarray], frozen: dict[str, np.ndarray]):
         dtypes = {a.dtype for a in trainable.values()}
         if len(dtypes) > 1:
             raise EdgetrainError(f"trainable parameters must share one element type, got {sorted(map(str, dtypes))}")
         self.dtype = dtypes.pop() if dtypes else np.dtype(np.float32)
+        if self.dtype in CARRIED:     # kernels have no float16 arithmetic; inference carries it in float32
+            raise EdgetrainError(f"trainable parameters {self.names_of(trainable)} are {ORT_TYPE_NAME[self.dtype]}: "
+                                 "edgetrain trains float32/float64 parameters only; convert them to float32")
         self.names = list(trainable)
         self.shapes = {n: tuple(a.shape) for n, a in trainable.items()}
         sizes = [int(np.prod(self.shapes[n], dtype=np.int64)) for n in self.names]
