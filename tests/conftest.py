@@ -34,3 +34,20 @@ def ort():
     except ort119.Unavailable as e:
         pytest.skip(f"ORT 1.19.2 interop: {e}")
     return ort119
+
+
+def _shared_files() -> set[str]:
+    return {str(p.relative_to(SHARED)) for p in SHARED.rglob("*") if p.is_file()} if SHARED.is_dir() else set()
+
+
+def pytest_sessionstart(session):
+    session.config.shared_files_at_start = _shared_files()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The suite never writes into ../shared: a stray file there (ORT saving a model beside its source, say)
+    makes artifact folders read later refuse it, so the order of tests would decide what passes."""
+    new = sorted(_shared_files() - getattr(session.config, "shared_files_at_start", set()))
+    if new:
+        print(f"\nthe tests wrote into {SHARED}: {', '.join(new[:10])}", flush=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -111,7 +111,11 @@ def _write_artifacts(folder: Path) -> list[str]:
     paths = []
     for model in ("mlp", "cnn", "mobilenet", "transformer", "digits"):
         ort_dir = SHARED / "ort_artifacts" / model
-        paths += [str(p) for p in sorted(ort_dir.glob("*.onnx"))]
+        ort_copy = folder / f"{model}.ort119"      # ORT writes each .ort beside its model: never into shared/
+        ort_copy.mkdir(parents=True)
+        for p in sorted(ort_dir.glob("*.onnx")):
+            (ort_copy / p.name).write_bytes(p.read_bytes())
+            paths.append(str(ort_copy / p.name))
         ckpt = checkpoint.load(ort_dir / "checkpoint")
         out = folder / model
         artifacts.generate_artifacts(str(SHARED / "models" / f"{model}.onnx"), requires_grad=list(ckpt.trainable),
