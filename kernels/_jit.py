@@ -10,6 +10,7 @@ imports Numba then and compiles as in a cold process. ``EDGETRAIN_NO_AOT=1`` swi
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from contextlib import contextmanager
@@ -44,9 +45,8 @@ def load_numba():
     the first kernel call the warm set does not cover."""
     global numba
     if numba is None:
-        import numba as nb
-        import numba.extending  # noqa: F401  (what _ON_LOAD callbacks use)
-
+        nb = importlib.import_module("numba")
+        importlib.import_module("numba.extending")      # what the _ON_LOAD callbacks use
         nb.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
         numba = nb
         for fn in _ON_LOAD:
@@ -148,7 +148,7 @@ def compile_stats() -> dict[str, int]:
 
 def set_num_threads(n: int):
     if numba is None:
-        _THREADS.append(n)       # the warm set's kernels are serial; applied if Numba loads
+        _THREADS[:] = [n]        # the warm set's kernels are serial; applied if Numba loads
         return
     numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
