@@ -61,7 +61,7 @@ def _cpu() -> str:
     except OSError:
         text = ""
     fields = sorted({line.strip() for line in text.splitlines() if line.split(":")[0].strip() in _CPU_FIELDS})
-    return "\n".join([platform.machine(), platform.processor(), *fields])
+    return "\n".join([platform.machine(), *fields])     # not platform.processor(): it may run `uname -p`
 
 
 def key() -> str:
