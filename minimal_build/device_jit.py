@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from contextlib import contextmanager
 
-from ._aot import AotKernel, fused_id, value_key  # noqa: F401  (value_key: what the build's tests compare)
+from edgetrain.kernels._aot import AotKernel, fused_id, value_key  # noqa: F401  (value_key: the build tests compare)
 
 FASTMATH = frozenset({"contract", "reassoc", "nsz"})   # as in the full package (kernel modules import it)
 
