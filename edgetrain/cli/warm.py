@@ -1,9 +1,10 @@
 """Compile the kernels of artifact folders ahead of time, so later processes train them without Numba.
 
 The kernel set goes to the user's cache folder, keyed by this installation and machine (kernel sources, Numba
-version, CPU, Python); Module and InferenceSession use it by themselves when it holds every kernel they call,
-and compile the rest with Numba. Warming again adds folders: those warmed before are compiled with them.
-Needs a C compiler, Python's headers (e.g. apt install gcc python3-dev) and pip install 'edgetrain[reduce]'. EDGETRAIN_NO_AOT=1 ignores the set.
+version, CPU, Python). Module and InferenceSession then call its kernels without importing Numba; a kernel or
+signature it lacks imports Numba and compiles as before. Warming again adds folders: those warmed before are
+compiled with them. Needs a C compiler, Python's headers (e.g. apt install gcc python3-dev) and
+pip install 'edgetrain[reduce]'. EDGETRAIN_NO_AOT=1 ignores the set.
 """
 from __future__ import annotations
 
