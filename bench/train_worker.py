@@ -216,6 +216,7 @@ def main():
     if SPEC["system"] == "edgetrain":
         from edgetrain.kernels._jit import compile_stats
         out["compiled"] = compile_stats()
+        out["numba_imported"] = "numba" in sys.modules      # False on the warm path (bench/warm.py)
         if SPEC.get("profile"):
             module = handles[0]
             out["profile"] = profile(SPEC["source"], x, y, SPEC["profile"], module.input_names())

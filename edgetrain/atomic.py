@@ -102,3 +102,20 @@ def _remove_orphans(folder: str, name: str) -> None:
                 pass
         except OSError:
             pass                                  # alive under another user: not ours to judge
+
+
+def replace_folder(staged, target) -> None:
+    """Put the folder ``staged`` (filled by the caller, on the same file system) in place of ``target``: readers
+    see the old folder, none, or the new one, each whole, never a mix. The old one is deleted."""
+    import shutil
+
+    staged, target = os.fspath(staged), os.fspath(target)
+    old = f"{target}.old.{os.getpid()}.{secrets.token_hex(4)}"
+    try:
+        os.rename(target, old)
+    except FileNotFoundError:
+        old = None
+    os.rename(staged, target)
+    _fsync_folder(os.path.dirname(os.path.abspath(target)))
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -14,13 +14,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import types
-from numba.extending import intrinsic, overload
 
 from edgetrain.ops.softmax import REDUCTIONS, sce_reduction, softmax_view
 
 from . import bindable
-from ._jit import FASTMATH, jit
+from ._jit import FASTMATH, jit, when_numba_loads
 
 # Cephes expf: exp(x) = 2**n * exp(r), r = x - n*ln2 (ln2 split in two), |r| <= ln2/2, degree-7 polynomial.
 _LOG2E = 1.44269504088896341
@@ -34,18 +32,7 @@ def fast_exp(x):
     return math.exp(x)
 
 
-@intrinsic
-def _int_bits_as_float32(typingctx, i):
-    """The float32 whose bit pattern is the low 32 bits of integer ``i``."""
-    if not isinstance(i, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        v = args[0]
-        if i.bitwidth != 32:
-            v = builder.trunc(v, context.get_value_type(types.int32))
-        return builder.bitcast(v, context.get_value_type(types.float32))
-    return types.float32(i), codegen
+_int_bits_as_float32 = None   # Numba's intrinsic, made by _numba_extensions
 
 
 def _exp32(x):
@@ -65,11 +52,34 @@ def _exp32(x):
     return f(0.0) if x < f(_EXP_LO) else (f(np.inf) if x > f(_EXP_HI) else (e if x == x else x))
 
 
-@overload(fast_exp, jit_options={"fastmath": set(FASTMATH)})   # LLVM inlines it into the caller
-def _fast_exp_impl(x):
-    if x == types.float32:
-        return _exp32
-    return lambda x: math.exp(x)
+def _numba_extensions(numba):
+    """Numba's forms of ``fast_exp`` and its bit cast, registered when ``_jit`` loads Numba (before any kernel
+    compiles): a warm process that runs ahead-of-time kernels never loads it. They stay in this file so that
+    editing them invalidates Numba's cache of the kernels using them."""
+    global _int_bits_as_float32
+    types = numba.core.types
+
+    @numba.extending.intrinsic
+    def _int_bits_as_float32(typingctx, i):
+        """The float32 whose bit pattern is the low 32 bits of integer ``i``."""
+        if not isinstance(i, types.Integer):
+            return None
+
+        def codegen(context, builder, signature, args):
+            v = args[0]
+            if i.bitwidth != 32:
+                v = builder.trunc(v, context.get_value_type(types.int32))
+            return builder.bitcast(v, context.get_value_type(types.float32))
+        return types.float32(i), codegen
+
+    @numba.extending.overload(fast_exp, jit_options={"fastmath": set(FASTMATH)})   # LLVM inlines it into the caller
+    def _fast_exp_impl(x):
+        if x == types.float32:
+            return _exp32
+        return lambda x: math.exp(x)
+
+
+when_numba_loads(_numba_extensions)
 
 
 def softmax(ctx):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 
 from .. import atomic
 from ..errors import EdgetrainError
+from ..kernels._aot import DIGEST_EXPORT, export_name
 from .record import KernelUse, record
 
 MODULE_NAME = "_aot_kernels"
@@ -51,16 +51,6 @@ def arg_key(t) -> str:
     raise EdgetrainError(f"argument type {t} has no key in the trimmed runtime's dispatcher")
 
 
-def export_name(kernel_id: str, k: int) -> str:
-    """A C identifier per (kernel, signature): ``softmax___sce__0``, ``fused_<hash>__0``."""
-    if kernel_id.startswith("fused:"):
-        stem = "fused_" + kernel_id[len("fused:"):]
-    else:
-        family, name = kernel_id.removeprefix("edgetrain.kernels.").rsplit(".", 1)
-        stem = f"{family}__{name}"
-    return re.sub(r"\W", "_", stem) + f"__{k}"
-
-
 @contextlib.contextmanager
 def _per_export_options(options: dict, cpu_features: str):
     """pycc compiles every export with one default set of flags and no CPU features; compile each export
@@ -74,9 +64,10 @@ def _per_export_options(options: dict, cpu_features: str):
     real_features = AOTCPUCodegen._customize_tm_features
 
     def compile_extra(typingctx, targetctx, func, args, return_type, flags, locals, **kws):
-        own = CPUTargetOptions.parse_as_flags(Flags(), options[func])
-        for name in ("fastmath", "error_model", "boundscheck", "release_gil"):
-            setattr(flags, name, getattr(own, name))
+        if func in options:        # not the manifest digest, which has no kernel options
+            own = CPUTargetOptions.parse_as_flags(Flags(), options[func])
+            for name in ("fastmath", "error_model", "boundscheck", "release_gil"):
+                setattr(flags, name, getattr(own, name))
         return real_compile(typingctx, targetctx, func, args, return_type, flags, locals, **kws)
 
     pycc_compiler.compile_extra = compile_extra
@@ -88,8 +79,18 @@ def _per_export_options(options: dict, cpu_features: str):
         AOTCPUCodegen._customize_tm_features = real_features
 
 
-def compile_kernels(uses: list[KernelUse], out_dir: Path, target_cpu: str | None = None) -> dict:
-    """Build ``out_dir/_aot_kernels<ext suffix>``; return the manifest's ``kernels`` and target."""
+def _constant(value: int):
+    """A function returning ``value``: Numba freezes the closure's cell as a constant."""
+    def constant():
+        return value
+    return constant
+
+
+def compile_kernels(uses: list[KernelUse], out_dir: Path, target_cpu: str | None = None,
+                    digest=None) -> dict:
+    """Build ``out_dir/_aot_kernels<ext suffix>``; return the manifest's ``kernels`` and target.
+    ``digest(kernels) -> int``: compiled in as the export ``DIGEST_EXPORT``, so a manifest edited after the
+    build no longer matches its module (the warm path checks it)."""
     import llvmlite.binding as ll
     from numba.core.codegen import get_host_cpu_features
     try:
@@ -111,6 +112,8 @@ def compile_kernels(uses: list[KernelUse], out_dir: Path, target_cpu: str | None
             name = export_name(use.kernel_id, k)
             exports.append([name, [arg_key(t) for t in sig.args]])
             cc.export(name, sig)(use.py_func)
+    if digest is not None:
+        cc.export(DIGEST_EXPORT, "i8()")(_constant(digest(kernels)))
     with _per_export_options(options, features):
         try:
             cc.compile()
@@ -146,9 +149,10 @@ def main(argv=None) -> int:
           file=sys.stderr)
     manifest["ops"] = sorted([d, o] for d, o in rec.ops)
     manifest["batch_sizes"] = rec.batch_sizes
-    # kernel families whose launchers ran (imported lazily by the runtime), elementwise for codegen's templates
+    # kernel families whose launchers ran (imported lazily by the runtime), elementwise for codegen's templates;
+    # not the private helpers (_jit, _aot, _warm)
     manifest["families"] = sorted(m.rsplit(".", 1)[1] for m in sys.modules
-                                  if m.startswith("edgetrain.kernels.") and not m.endswith("._jit"))
+                                  if m.startswith("edgetrain.kernels.") and "._" not in m)
     atomic.write_text(args.out_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
     return 0
 

@@ -41,7 +41,7 @@ BLOCKED = ("numba", "llvmlite", "onnx", "google.protobuf", "psutil")   # the tri
 
 # module -> (top-level names whose definitions are cut, code appended in their place)
 REPLACED = {
-    "codegen/__init__.py": (("_LOADED", "load"), (
+    "codegen/__init__.py": (("_LOADED", "load", "_load_jit"), (
         "\n\n# trimmed runtime: fused loops were compiled ahead of time when the build ran them\n"
         "from ..kernels._jit import load_generated as load  # noqa: E402\n")),
     "cli/__init__.py": (("COMMANDS",), (
@@ -195,6 +195,7 @@ def assemble(out_dir: Path, so_file: Path, manifest_file: Path, families: list[s
     kdir.mkdir()
     atomic.copy_file(kernels / "__init__.py", kdir / "__init__.py")
     atomic.copy_file(here / "device_jit.py", kdir / "_jit.py")
+    atomic.copy_file(kernels / "_aot.py", kdir / "_aot.py")          # the dispatcher device_jit uses
     for family in families:
         src = kernels / f"{family}.py"
         atomic.write_text(kdir / src.name, strip_numba(src.read_text(), str(src)))

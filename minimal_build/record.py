@@ -12,14 +12,12 @@ would be recorded too.
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..kernels._aot import fused_id
 from .exercise import exercise, has_symbolic_dims
-
-FUSED_PREFIX = "fused:"
 
 
 @dataclass
@@ -37,11 +35,6 @@ class Recording:
     kernels: list[KernelUse]
     ops: set[tuple[str, str]]            # (domain, op_type) of every node in every model
     batch_sizes: dict[str, list[int]]    # artifact folder -> batch sizes it ran with
-
-
-def fused_id(source: str) -> str:
-    """The id of a generated kernel: a hash of its source only (the device has no Numba version to mix in)."""
-    return FUSED_PREFIX + hashlib.sha256(source.encode()).hexdigest()[:24]
 
 
 def record(folders: list[Path], batch_sizes: list[int]) -> Recording:

@@ -9,7 +9,8 @@ import importlib
 import os
 import sys
 
-COMMANDS = ("artifacts", "demo", "eval", "export", "federated", "ops", "plan", "profile", "reduce", "train")
+COMMANDS = ("artifacts", "demo", "eval", "export", "federated", "ops", "plan", "profile", "reduce", "train",
+            "warm")
 
 
 class DefaultsHelp(argparse.HelpFormatter):

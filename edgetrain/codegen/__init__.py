@@ -161,11 +161,18 @@ def load(source: str):
 
     The folder is private to this user (``config.cache_folder``); a file found there that is not byte for byte
     ``source`` is replaced first, and the module is compiled from ``source`` itself, not from what the file
-    holds, so a planted file never runs."""
-    import numba
-
+    holds, so a planted file never runs. On the warm path (``kernels/_jit.py``) a loop the warm kernel set
+    holds comes from there instead, without Numba."""
     from ..kernels import _jit
 
+    warm = _jit.warm_generated(source, _load_jit)
+    return warm if warm is not None else _load_jit(source)
+
+
+def _load_jit(source: str):
+    from ..kernels import _jit
+
+    numba = _jit.load_numba()
     key = hashlib.sha256(f"{__version__}|{numba.__version__}|{source}".encode()).hexdigest()[:24]
     if key in _LOADED:
         return _LOADED[key]

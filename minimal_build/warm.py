@@ -1,0 +1,121 @@
+"""``edgetrain warm``: compile the kernels of artifact folders ahead of time into the user's cache folder, so
+later processes of the full package train them without importing Numba (``kernels/_warm.py`` finds the set,
+``kernels/_jit.py`` calls it).
+
+A fresh process with the warm path off runs every folder under the JIT at each batch size (``record.py``) and
+compiles what ran with ``numba.pycc`` (``aot.py``) into a staging folder in the cache, with the manifest and
+the digest the warm path checks; the staging folder then replaces the set whole (``atomic.replace_folder``).
+There is one set per key (installation and machine): folders warmed before under the same key are compiled
+again with the new ones, so the set keeps serving them.
+
+    python -m edgetrain.minimal_build.warm STAGING_DIR --batch-size 1,32 ARTIFACT_FOLDER...   (the fresh process)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .. import atomic, config
+from ..errors import EdgetrainError
+from ..kernels import _warm
+
+DEFAULT_BATCH_SIZES = (1, 32)   # 1 and any other size cover both broadcast patterns of a symbolic batch dim
+
+
+def warmed_before(set_key: str) -> dict[str, list[int]]:
+    """Artifact folders the current set for ``set_key`` was built from (those that still exist), or {}."""
+    try:
+        manifest = json.loads((_warm.folder(set_key) / _warm.MANIFEST).read_text())
+        artifacts = manifest["artifacts"] if manifest.get("key") == set_key else {}
+        return {str(f): sorted({int(b) for b in sizes}) for f, sizes in artifacts.items() if Path(f).is_dir()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None) -> dict:
+    """Compile the kernels of ``artifact_folders`` (and of those warmed before) at ``batch_sizes`` into this
+    user's cache; returns the set's manifest. Needs a C compiler and Python's headers (``numba.pycc``)."""
+    log = log or (lambda msg: None)
+    folders = [str(Path(f).resolve()) for f in artifact_folders]
+    sizes = sorted({int(b) for b in batch_sizes})
+    if not folders:
+        raise EdgetrainError("edgetrain warm needs at least one artifact folder")
+    if not sizes or min(sizes) < 1:
+        raise EdgetrainError(f"batch sizes must be positive integers, got {list(batch_sizes)}")
+    for f in folders:
+        if not Path(f).is_dir():
+            raise EdgetrainError(f"artifact folder {f} does not exist")
+    set_key = _warm.key()
+    before = warmed_before(set_key)
+    everything = sorted(set(folders) | set(before))
+    sizes = sorted(set(sizes).union(*before.values()))
+    if before:
+        log(f"the warm set also holds {len(before)} folder(s) warmed before; compiling them again with the new ones")
+    stage = config.cache_folder("aot") / f".stage-{os.getpid()}-{secrets.token_hex(4)}"
+    stage.mkdir(mode=0o700)
+    try:
+        log(f"compiling the kernels of {len(everything)} artifact folder(s) at batch sizes {sizes} (tens of seconds)")
+        env = dict(os.environ, EDGETRAIN_NO_AOT="1")   # the recording process runs the JIT it records
+        cmd = [sys.executable, "-m", "edgetrain.minimal_build.warm", str(stage), "--batch-size",
+               ",".join(map(str, sizes)), *everything]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        if proc.returncode != 0:
+            raise EdgetrainError("compiling the warm kernel set failed:\n" + proc.stderr.strip()[-4000:])
+        log(proc.stderr.strip())
+        manifest = json.loads((stage / _warm.MANIFEST).read_text())
+        if manifest["key"] != set_key:
+            raise EdgetrainError("the kernel set was compiled under another key (edgetrain, Numba or the "
+                                 "environment changed while it ran); run edgetrain warm again")
+        atomic.replace_folder(stage, _warm.folder(set_key))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    n_sigs = sum(len(e) for e in manifest["kernels"].values())
+    log(f"warm kernel set {_warm.folder(set_key)}: {len(manifest['kernels'])} kernels / {n_sigs} signatures "
+        f"for {len(everything)} artifact folder(s) at batch sizes {sizes}")
+    return manifest
+
+
+def main(argv=None) -> int:
+    from .aot import compile_kernels
+    from .record import record
+
+    p = argparse.ArgumentParser(prog="python -m edgetrain.minimal_build.warm", description=__doc__.splitlines()[0])
+    p.add_argument("stage", type=Path)
+    p.add_argument("folders", type=Path, nargs="+")
+    p.add_argument("--batch-size", default="1", help="comma-separated batch sizes for symbolic batch dims")
+    args = p.parse_args(argv)
+    if _warm.enabled():
+        raise EdgetrainError("run with EDGETRAIN_NO_AOT=1: the kernels must run under the JIT to be recorded")
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*pycc.*")   # pending deprecation; pinned and tested here
+    set_key = _warm.key()
+    t0 = time.perf_counter()
+    rec = record(args.folders, [int(b) for b in args.batch_size.split(",") if b])
+    t1 = time.perf_counter()
+    print(f"recorded {len(rec.kernels)} kernels in {t1 - t0:.1f} s", file=sys.stderr)
+    manifest = compile_kernels(rec.kernels, args.stage, digest=lambda kernels: _warm.digest(set_key, kernels))
+    if Path(manifest["file"]).name != _warm.module_path(set_key).name:
+        raise EdgetrainError(f"pycc wrote {manifest['file']}, the warm path loads {_warm.module_path(set_key).name}")
+    print(f"compiled {Path(manifest['file']).name} for {manifest['target_cpu']} in {time.perf_counter() - t1:.1f} s",
+          file=sys.stderr)
+    manifest["key"] = set_key
+    manifest["file"] = Path(manifest["file"]).name    # the staging folder is renamed; the loader computes the path
+    manifest["artifacts"] = {str(f): sorted(s or [1]) for f, s in rec.batch_sizes.items()}
+    atomic.write_text(args.stage / _warm.MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except EdgetrainError as e:
+        print(f"edgetrain: error: {e}", file=sys.stderr)
+        sys.exit(2)
