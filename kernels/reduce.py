@@ -250,13 +250,16 @@ def _sum_of_squares(x):
     return s
 
 
-def cumsum(ctx):
-    outer, n, inner = axis_view(ctx, cumsum_axis(ctx))
-    exclusive, reverse = bool(ctx.attr("exclusive")), bool(ctx.attr("reverse"))
+def _scan_launcher(kernel):
+    """CumSum / CumProd: the kernel over the (outer, axis, inner) view of x and y."""
+    def launcher(ctx):
+        outer, n, inner = axis_view(ctx, cumsum_axis(ctx))
+        exclusive, reverse = bool(ctx.attr("exclusive")), bool(ctx.attr("reverse"))
 
-    def run(x, _axis, y):
-        _cumsum(x.reshape(outer, n, inner), y.reshape(outer, n, inner), exclusive, reverse)
-    return run
+        def run(x, _axis, y):
+            kernel(x.reshape(outer, n, inner), y.reshape(outer, n, inner), exclusive, reverse)
+        return run
+    return launcher
 
 
 @jit
@@ -276,15 +279,6 @@ def _cumsum(x, y, exclusive, reverse):
                     y[o, k, i] = acc
 
 
-def cumprod(ctx):
-    outer, n, inner = axis_view(ctx, cumsum_axis(ctx))
-    exclusive, reverse = bool(ctx.attr("exclusive")), bool(ctx.attr("reverse"))
-
-    def run(x, _axis, y):
-        _cumprod(x.reshape(outer, n, inner), y.reshape(outer, n, inner), exclusive, reverse)
-    return run
-
-
 @jit
 def _cumprod(x, y, exclusive, reverse):
     """y[o, k, i] = product of x[o, :k(+1), i] (``reverse``: of x[o, k(+1):, i]); ``exclusive`` leaves x[o, k, i]
@@ -301,6 +295,10 @@ def _cumprod(x, y, exclusive, reverse):
                 else:
                     acc *= x[o, k, i]
                     y[o, k, i] = acc
+
+
+cumsum = _scan_launcher(_cumsum)
+cumprod = _scan_launcher(_cumprod)
 
 
 def cumprod_grad(ctx):
