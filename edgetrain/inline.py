@@ -22,6 +22,9 @@ from .ops import OP_TABLE
 from .opset import COMPATIBLE, TARGET
 
 MAX_DEPTH = 8       # nesting levels of function ops inside function bodies (onnx's own nest 2-3 deep)
+# nodes a graph may reach by inlining: a model's local functions calling each other k times per level would
+# otherwise grow it k**MAX_DEPTH-fold from a small file
+MAX_NODES = 200_000
 
 
 def _domain(d: str) -> str:
@@ -122,6 +125,9 @@ class _Inliner:
             nodes = []
             for n in g.node:
                 nodes.extend(self.expand(n, types) if self.expandable(n) else [n])
+                if len(nodes) > MAX_NODES:
+                    raise UnsupportedOpError(f"{self.label(n)}: inlining function bodies grows the graph past "
+                                             f"{MAX_NODES:,} nodes")
             del g.node[:]
             g.node.extend(nodes)
         return self.model

@@ -189,3 +189,32 @@ def test_ops_cli_lists_function_ops(capsys):
     assert main(["ops"]) == 0
     out = capsys.readouterr().out
     assert "Attention" in out and "function body" in out
+
+
+def test_local_functions_that_multiply_the_graph_are_refused_by_node_count(monkeypatch):
+    """F0 calls F1 twenty times, F1 calls F2 twenty times, ...: a few hundred bytes that would inline to 20**6
+    nodes. Refused once the graph passes the cap (lowered here to keep the test quick), naming the model's node."""
+    from edgetrain import inline
+
+    monkeypatch.setattr(inline, "MAX_NODES", 20_000)
+    fans, levels = 20, 7
+    functions = []
+    for level in range(levels):
+        if level == levels - 1:
+            body = [helper.make_node("Relu", ["a"], ["b"])]
+        else:
+            body, prev = [], "a"
+            for k in range(fans):
+                body.append(helper.make_node(f"F{level + 1}", [prev], [f"t{k}"], domain="local"))
+                prev = f"t{k}"
+            body.append(helper.make_node("Identity", [prev], ["b"]))
+        functions.append(helper.make_function("local", f"F{level}", ["a"], ["b"], body,
+                                              [helper.make_opsetid("", 21), helper.make_opsetid("local", 1)]))
+    x = helper.make_tensor_value_info("x", FLOAT, [4])
+    g = helper.make_graph([helper.make_node("F0", ["x"], ["y"], name="the_call", domain="local")], "g", [x],
+                          [helper.make_tensor_value_info("y", FLOAT, [4])])
+    model = helper.make_model(g, functions=functions, opset_imports=[helper.make_opsetid("", 21),
+                                                                     helper.make_opsetid("local", 1)])
+    assert fans ** (levels - 1) > inline.MAX_NODES
+    with pytest.raises(UnsupportedOpError, match=r"'the_call'.*grows the graph past 20,000 nodes"):
+        to_graph(model)
