@@ -67,12 +67,12 @@ def _sample_body(s) -> onnx.FunctionProto:
     """A context-dependent body as built for float inputs of unknown shape (empty if onnx builds none)."""
     node = helper.make_node(s.name, [f"x{i}" for i in range(s.min_input)], ["y"], domain=s.domain)
     types = [helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, None).SerializeToString()] * s.min_input
-    body = onnx.FunctionProto()
     try:
-        body.ParseFromString(s.get_context_dependent_function_with_opset_version(s.since_version,
-                                                                                 node.SerializeToString(), types))
+        built = s.get_context_dependent_function_with_opset_version(s.since_version, node.SerializeToString(), types)
     except Exception:  # noqa: BLE001 - a builder that needs other types: the listing says nothing of its ops
-        pass
+        return onnx.FunctionProto()
+    body = onnx.FunctionProto()
+    body.ParseFromString(built)
     return body
 
 

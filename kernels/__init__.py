@@ -14,3 +14,13 @@ def bindable(bind):
         fn(*args)
     run.bind = bind
     return run
+
+
+def checked(kernel, call, ctx, input_index: int, values, allowed: str):
+    """``(fn, ())`` running ``kernel(*call)``, which returns -1 or the flat position of the first value of input
+    ``input_index`` outside what ``allowed`` says; that one is refused, naming the node, tensor and value."""
+    def run():
+        bad = kernel(*call)
+        if bad >= 0:
+            raise ctx.bad_value(input_index, values, bad, allowed)
+    return run, ()

@@ -17,7 +17,7 @@ import numpy as np
 
 from edgetrain.ops.softmax import REDUCTIONS, sce_reduction, softmax_view
 
-from . import bindable
+from . import bindable, checked
 from ._jit import FASTMATH, jit, when_numba_loads
 
 # Cephes expf: exp(x) = 2**n * exp(r), r = x - n*ln2 (ln2 split in two), |r| <= ln2/2, degree-7 polynomial.
@@ -258,12 +258,7 @@ def _label_loss_launcher(ctx, softmax: bool):
         log_prob = args[n_in + 1].reshape(n, c, d) if want_log_prob else dummy_lp
         call = (scores.reshape(n, c, d), labels.reshape(n, d), weights, has_weights, has_ignore, ignore,
                 reduction, loss.reshape(-1), log_prob, want_log_prob, softmax)
-
-        def run():
-            bad = _sce(*call)
-            if bad >= 0:
-                raise ctx.bad_value(1, labels, bad, allowed)
-        return run, ()
+        return checked(_sce, call, ctx, 1, labels, allowed)
     return bind
 
 
@@ -334,12 +329,7 @@ def _label_loss_grad_launcher(ctx, softmax: bool):
         weights = args[3] if has_weights else dummy_w
         call = (dy.reshape(-1), log_prob.reshape(n, c, d), labels.reshape(n, d), weights, has_weights,
                 has_ignore, ignore, reduction, args[n_in].reshape(n, c, d), softmax)
-
-        def run():
-            bad = _sce_grad(*call)
-            if bad >= 0:
-                raise ctx.bad_value(2, labels, bad, allowed)
-        return run, ()
+        return checked(_sce_grad, call, ctx, 2, labels, allowed)
     return bind
 
 

@@ -30,7 +30,7 @@ from edgetrain.ops.tensor import (
     trilu_mask,
 )
 
-from . import bindable
+from . import bindable, checked
 from ._jit import jit
 
 
@@ -88,12 +88,7 @@ def gather(ctx):
     @bindable
     def bind(x, idx, y):
         call = (x.reshape(outer, size, inner), idx.reshape(n), y.reshape(outer, n, inner))
-
-        def run():
-            bad = _gather(*call)
-            if bad >= 0:
-                raise ctx.bad_value(1, idx, bad, allowed)
-        return run, ()
+        return checked(_gather, call, ctx, 1, idx, allowed)
     return bind
 
 
