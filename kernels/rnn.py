@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from edgetrain.ops.rnn import GRAD_INPUTS, rnn_geometry
+from edgetrain.ops.rnn import input_at, rnn_geometry
 
 from ._jit import jit
 
@@ -291,12 +291,12 @@ class _Views:
             return self.zeros_state
         return s if self.g.layout == 0 else s.swapaxes(0, 1)
 
-    def lens(self, sl):
+    def lens(self, sl, at=4):
         if sl is None:
             return self.full
         bad = np.flatnonzero((sl < 1) | (sl > self.g.seq))
         if bad.size:
-            raise self.ctx.bad_value(4, sl, int(bad[0]), f"a sequence length in [1, {self.g.seq}]")
+            raise self.ctx.bad_value(at, sl, int(bad[0]), f"a sequence length in [1, {self.g.seq}]")
         return sl
 
     def bias(self, bias, d):
@@ -387,23 +387,24 @@ def _backward(ctx, cell):
     v = _Views(ctx)
     g = v.g
     n_in, n_out = len(ctx.node.inputs), len(ctx.node.outputs)
-    at = GRAD_INPUTS[ctx.node.op_type]
+    at = input_at(ctx.node.op_type)
     gh, hidden, rows = v.gh, g.hidden, g.seq * g.batch
     lbr = g.linear_before_reset
     dp_scratch = np.empty(3 * hidden, v.dtype)     # peephole gradients nobody asked for
 
     def run(*args):
-        ins = list(args[:n_in]) + [None] * (14 - n_in)
+        ins = dict(zip(at, args[:n_in]))      # by name; an absent input is missing or None
         outs = list(args[n_in:n_in + n_out]) + [None] * (7 - n_out)
         ws = args[n_in + n_out:]
         dpre, hp, aux, dh, dc, tmp = ws[:6]
         drec = ws[6] if cell == "GRU" else dpre
-        x, w, r, bias, sl, h0 = ins[:6]
-        lens = v.lens(sl)
-        y4 = v.y(ins[at["HAll"]])
-        dy = ins[at["dY"]]
+        x, w, r = args[0], args[1], args[2]
+        bias, sl, h0 = ins.get("B"), ins.get("SL"), ins.get("H0")
+        lens = v.lens(sl, at["SL"])
+        y4 = v.y(ins["HAll"])
+        dy = ins.get("dY")
         dy4 = v.y(dy) if dy is not None else None
-        dyh = ins[at["dY_h"]]
+        dyh = ins.get("dY_h")
         h0v = v.state(h0)
         dpre4, drec4 = v.rows(dpre, g.directions * gh), v.rows(drec, g.directions * gh)
         hp3, aux3 = v.rows(hp, hidden), v.rows(aux, hidden)
@@ -418,11 +419,11 @@ def _backward(ctx, cell):
             rd = r[d]
             steps = v.order[d][::-1]
             if cell == "LSTM":
-                call4, iofc4 = ins[at["CAll"]], ins[at["IOFC"]]
-                _previous(call4[:, d], v.state(ins[6])[d], aux3, reverse, lens)
-                dyc = ins[at["dY_c"]]
+                call4, iofc4 = ins.get("CAll"), ins.get("IOFC")
+                _previous(call4[:, d], v.state(ins.get("C0"))[d], aux3, reverse, lens)
+                dyc = ins.get("dY_c")
                 np.copyto(dc, v.state(dyc)[d] if dyc is not None else v.zeros_step)
-                p = (v.zeros_p if ins[7] is None else ins[7])[d]
+                p = (v.zeros_p if ins.get("P") is None else ins["P"])[d]
                 dp = outs[6][d] if outs[6] is not None else dp_scratch
                 dp[:] = 0
                 for t in steps:
@@ -431,7 +432,7 @@ def _backward(ctx, cell):
                     np.matmul(dpd[t], rd, out=tmp)
                     np.add(dh, tmp, out=dh)
             elif cell == "GRU":
-                zrh4 = ins[at["ZRH"]]
+                zrh4 = ins.get("ZRH")
                 if lbr:   # q = Rh h_{t-1} + Rbh for every step at once
                     np.matmul(hp, rd[2 * hidden:].T, out=aux)
                     np.add(aux, rb[2 * hidden:], out=aux)
@@ -475,8 +476,8 @@ def _backward(ctx, cell):
 
 
 def lstm_grad(ctx):
-    """Launcher of com.microsoft LSTMGrad: ``run(X, W, R, B, sequence_lens, initial_h, initial_c, P, HAll,
-    CAll, IOFC, dHAll, dHt, dCt, dX, dW, dR, dB, dH0, dC0, dP, *workspace)`` (absent ones None)."""
+    """Launcher of com.microsoft LSTMGrad: ``run(X, W, R, sequence_lens, initial_h, initial_c, HAll, CAll, IOFC,
+    dHAll, dHt, dCt[, P], dX, dW, dR, dB, dH0, dC0, dP, *workspace)`` (``ops.rnn.INPUTS``; absent ones None)."""
     return _backward(ctx, "LSTM")
 
 

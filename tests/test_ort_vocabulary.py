@@ -236,6 +236,19 @@ def _models():
                        lambda g: _c("half", 0.5)]), {"Gelu", "GeluGrad"}),
         "silu": (_mlp("silu", [n("Sigmoid", ["h"], ["s"]), n("Mul", ["h", "s"], ["z"])], []),
                  {"QuickGelu", "QuickGeluGrad"}),
+        # LSTMTraining forward, LSTMGrad (onnxruntime's 12-input layout) with dY and dY_h flowing in and dH0,
+        # dC0 flowing out (ORT 1.19.2's builder needs the initial states present)
+        "lstm": (_mlp("lstm", [
+            n("Reshape", ["h", "seq_shape"], ["hs"]), n("Transpose", ["hs"], ["xs"], perm=[1, 0, 2]),
+            n("MatMul", ["h", "wh"], ["h0f"]), n("Unsqueeze", ["h0f", "ax0"], ["h0"]),
+            n("MatMul", ["h", "wc"], ["c0f"]), n("Unsqueeze", ["c0f", "ax0"], ["c0"]),
+            n("LSTM", ["xs", "lw", "lr", "lb", "", "h0", "c0"], ["y", "y_h"], hidden_size=5),
+            n("Squeeze", ["y_h", "ax0"], ["last"]), n("ReduceMean", ["y"], ["avg"], axes=[0, 1], keepdims=0),
+            n("Add", ["last", "avg"], ["z"])],
+            [lambda g: _c("seq_shape", [-1, 2, 4], np.int64), lambda g: _c("ax0", [0], np.int64),
+             lambda g: _w(g, "lw", 1, 20, 4), lambda g: _w(g, "lr", 1, 20, 5), lambda g: _w(g, "lb", 1, 40),
+             lambda g: _w(g, "wh", 8, 5), lambda g: _w(g, "wc", 8, 5)],
+            width=5), {"LSTMTraining", "LSTMGrad"}),
         "layernorm": (_mlp("layernorm", [
             n("ReduceMean", ["h"], ["mu"], axes=[-1]), n("Sub", ["h", "mu"], ["d"]), n("Pow", ["d", "two"], ["d2"]),
             n("ReduceMean", ["d2"], ["var"], axes=[-1]), n("Add", ["var", "eps"], ["ve"]), n("Sqrt", ["ve"], ["sd"]),

@@ -102,8 +102,8 @@ def _activations(ctx: NodeContext, cell: Cell, directions: int) -> tuple[tuple[i
     return tuple(tuple(codes[d * n:(d + 1) * n]) for d in range(directions))
 
 
-def _shape(ctx: NodeContext, i: int, want: tuple[int, ...], what: str):
-    if not ctx.has_input(i):
+def _shape(ctx: NodeContext, i: int | None, want: tuple[int, ...], what: str):
+    if i is None or not ctx.has_input(i):
         return
     t = ctx.type(i)
     if tuple(t.shape) != tuple(want):
@@ -113,8 +113,8 @@ def _shape(ctx: NodeContext, i: int, want: tuple[int, ...], what: str):
 
 
 def rnn_geometry(ctx: NodeContext) -> Geometry:
-    """The sizes of a recurrent node (forward, training or gradient op: they share inputs 0-5 or 0-7),
-    with every input shape checked."""
+    """The sizes of a recurrent node (forward, training or gradient op; ``input_at`` says where each input
+    sits), with every input shape checked."""
     cell = CELLS[CELL_OF[ctx.node.op_type]]
     if ctx.attr("clip") is not None:
         raise ctx.error("attribute 'clip' is not supported (export without cell clipping)")
@@ -135,18 +135,19 @@ def rnn_geometry(ctx: NodeContext) -> Geometry:
     if ctx.attr("hidden_size") is not None and ctx.attr("hidden_size") != hidden:
         raise ctx.error(f"hidden_size {ctx.attr('hidden_size')} differs from R's last dim {hidden}")
     g = cell.gates
+    at = input_at(ctx.node.op_type)
     _shape(ctx, 1, (d, g * hidden, x[2]), "W")
     _shape(ctx, 2, (d, g * hidden, hidden), "R")
-    _shape(ctx, 3, (d, 2 * g * hidden), "B")
-    if ctx.has_input(4):
-        sl = ctx.type(4)
+    _shape(ctx, at.get("B"), (d, 2 * g * hidden), "B")
+    if ctx.has_input(at["SL"]):
+        sl = ctx.type(at["SL"])
         if tuple(sl.shape) != (batch,) or sl.dtype != np.int32:
             raise ctx.error(f"sequence_lens must be int32 of shape [{batch}], got {sl}")
     state = (d, batch, hidden) if layout == 0 else (batch, d, hidden)
-    _shape(ctx, 5, state, "initial_h")
+    _shape(ctx, at["H0"], state, "initial_h")
     if cell.name == "LSTM":
-        _shape(ctx, 6, state, "initial_c")
-        _shape(ctx, 7, (d, 3 * hidden), "P")
+        _shape(ctx, at["C0"], state, "initial_c")
+        _shape(ctx, at["P"], (d, 3 * hidden), "P")
     reverse = {"forward": (False,), "reverse": (True,), "bidirectional": (False, True)}[direction]
     lbr = bool(ctx.attr("linear_before_reset")) if cell.name == "GRU" else False
     return Geometry(cell, seq, batch, x[2], hidden, d, layout, _activations(ctx, cell, d), reverse, lbr)
@@ -173,10 +174,23 @@ def _training(ctx: NodeContext):
     return outs[:len(ctx.node.outputs)]
 
 
-# input positions of the saved tensors and incoming gradients in each gradient op
-GRAD_INPUTS = {"LSTMGrad": {"HAll": 8, "CAll": 9, "IOFC": 10, "dY": 11, "dY_h": 12, "dY_c": 13},
-               "GRUGrad": {"HAll": 6, "ZRH": 7, "dY": 8, "dY_h": 9},
-               "RNNGrad": {"HAll": 6, "dY": 7, "dY_h": 8}}
+# Where each input sits. The forward and training ops take ONNX's order; a gradient op takes the forward
+# inputs it reads, the saved outputs (HAll = Y, and the rest) and the incoming gradients. LSTMGrad is
+# onnxruntime's (1.19): no B (the gates' saved activations make it unneeded) and no P; edgetrain appends P as
+# a 13th input only for an LSTM with peepholes, which onnxruntime's LSTM kernels do not train.
+INPUTS = {"forward": ("X", "W", "R", "B", "SL", "H0", "C0", "P"),
+          "LSTMGrad": ("X", "W", "R", "SL", "H0", "C0", "HAll", "CAll", "IOFC", "dY", "dY_h", "dY_c", "P"),
+          "GRUGrad": ("X", "W", "R", "B", "SL", "H0", "HAll", "ZRH", "dY", "dY_h"),
+          "RNNGrad": ("X", "W", "R", "B", "SL", "H0", "HAll", "dY", "dY_h")}
+SAVED = {"LSTMGrad": ("HAll", "CAll", "IOFC"), "GRUGrad": ("HAll", "ZRH"), "RNNGrad": ("HAll",)}
+_INPUT_AT = {op: {name: i for i, name in enumerate(names)} for op, names in INPUTS.items()}
+
+
+def input_at(op_type: str) -> dict[str, int]:
+    """{input name: position} of a recurrent op (names as in ``INPUTS``)."""
+    return _INPUT_AT.get(op_type, _INPUT_AT["forward"])
+
+
 GRAD_OUTPUTS = {"LSTMGrad": ("dX", "dW", "dR", "dB", "dH0", "dC0", "dP"),
                 "GRUGrad": ("dX", "dW", "dR", "dB", "dH0"), "RNNGrad": ("dX", "dW", "dR", "dB", "dH0")}
 
@@ -184,10 +198,12 @@ GRAD_OUTPUTS = {"LSTMGrad": ("dX", "dW", "dR", "dB", "dH0", "dC0", "dP"),
 def _grad(ctx: NodeContext):
     g = rnn_geometry(ctx)
     dtype = ctx.type(0).dtype
-    at = GRAD_INPUTS[ctx.node.op_type]
+    at = input_at(ctx.node.op_type)
     saved = {"HAll": g.y_shape(), "CAll": g.saved_shape(1), "IOFC": g.saved_shape(4), "ZRH": g.saved_shape(3),
              "dY": g.y_shape(), "dY_h": g.state_shape(), "dY_c": g.state_shape()}
     for what, i in at.items():
+        if what not in saved:
+            continue
         required = what in ("HAll", "CAll", "IOFC", "ZRH")
         if required and not ctx.has_input(i):
             raise ctx.error(f"input {i} ('{what}') is required")
@@ -256,9 +272,13 @@ def _grad_vjp(grad_op: str, domain: str, n_saved: int, n_states: int):
                 raise g.error(f"output {k} ('{outs[k]}') holds saved activations and has no gradient")
         if any(not s for s in saved):
             raise g.error("needs its saved outputs (edgetrain.autodiff.prepare_for_training adds them)")
-        n_in = 8 if grad_op == "LSTMGrad" else 6
-        forward_inputs = (list(g.node.inputs) + [""] * n_in)[:n_in]
-        inputs = forward_inputs + saved + [dys[0] or ""] + [dys[s] or "" for s in states]
+        given = dict(zip(INPUTS["forward"], g.node.inputs))
+        given.update(zip(SAVED[grad_op], saved))
+        given.update(zip(("dY", "dY_h", "dY_c"), [dys[0]] + [dys[s] for s in states]))
+        inputs = [given.get(name) or "" for name in INPUTS[grad_op]]
+        if grad_op == "LSTMGrad" and not inputs[-1]:
+            inputs.pop()        # onnxruntime's 12 inputs: P only for peepholes (see INPUTS)
+        n_in = len(INPUTS["forward"])
         needs = list(g.needs) + [False] * n_in
         grads = [needs[0], needs[1], needs[2], needs[3], needs[5]] + \
             ([needs[6], needs[7]] if grad_op == "LSTMGrad" else [])
@@ -295,8 +315,9 @@ OPS = (
           doc="all directions, layouts 0/1, initial_h/initial_c, sequence_lens, peepholes; trains as "
               "com.microsoft LSTMTraining"),
     OpDef("LSTMGrad", _grad, domain=MS, since=1, kernel="rnn.lstm_grad", workspace=_grad_workspace,
-          attrs=LSTM_ATTRS, doc="inputs X, W, R, B, sequence_lens, initial_h, initial_c, P, HAll, CAll, "
-                                "IOFC, dHAll, dHt, dCt; outputs dX, dW, dR, dB, dH0, dC0, dP"),
+          attrs=LSTM_ATTRS, doc="inputs X, W, R, sequence_lens, initial_h, initial_c, HAll, CAll, IOFC, "
+                                "dHAll, dHt, dCt (onnxruntime 1.19's), P (edgetrain's, for peepholes); "
+                                "outputs dX, dW, dR, dB, dH0, dC0, dP"),
     OpDef("LSTMTraining", _training, domain=MS, since=1, kernel="rnn.lstm", workspace=_rnn_workspace,
           attrs=LSTM_ATTRS, vjp=_grad_vjp("LSTMGrad", MS, 3, 2), grad_outputs=5,
           doc="LSTM that also outputs every cell state CAll [T, D, B, H] and the gate activations IOFC "

@@ -252,19 +252,21 @@ def test_training_form_drops_the_default_layout_as_onnxruntime_does():
 
 @pytest.mark.ort119
 def test_training_graphs_run_in_onnxruntime_119(ort):
-    """onnxruntime-training 1.19.2 runs the GRUTraining/GRUGrad graphs edgetrain emits (forward direction, the
-    only one its kernels take; linear_before_reset 0 and 1) and agrees on the loss and every gradient. Its
-    LSTMGrad schema takes at most 12 inputs where the newer one (and edgetrain) has 14: not compared."""
+    """onnxruntime-training 1.19.2 runs the LSTMTraining/LSTMGrad and GRUTraining/GRUGrad graphs edgetrain
+    emits (forward direction, the only one its kernels take; GRU with linear_before_reset 0 and 1; LSTM with
+    every output used, so dY, dY_h and dY_c all flow in) and agrees on the loss and every gradient: the
+    gradient ops' input layouts are its own."""
     from gradcheck import gradient_session
 
     from edgetrain.autodiff.builder import with_gradients
     from edgetrain.onnx_io import from_graph
     cases = []
-    for op, attrs in (("GRU", {"linear_before_reset": 1}), ("GRU", {"linear_before_reset": 0})):
-        rng = np.random.default_rng(zlib.crc32(f"ort119{op}{attrs}".encode()))
+    for op, attrs, n_out in (("GRU", {"linear_before_reset": 1}, 2), ("GRU", {"linear_before_reset": 0}, 2),
+                             ("LSTM", {}, 3), ("LSTM", {}, 1)):
+        rng = np.random.default_rng(zlib.crc32(f"ort119{op}{attrs}{n_out}".encode()))
         names, values = _inputs(op, "forward", rng, np.float32, h0=True)
-        outs = _outputs(op)[:2]
-        types = [TensorType(np.float32, (T, 1, B, H)), TensorType(np.float32, (1, B, H))]
+        outs = _outputs(op)[:n_out]
+        types = [TensorType(np.float32, (T, 1, B, H))] + [TensorType(np.float32, (1, B, H))] * (n_out - 1)
         _, graph = gradient_session([Node(op, names, outs, {"hidden_size": H, **attrs}, "rnn")], values, {},
                                     outs, types)
         cases.append((from_graph(with_gradients(graph, "loss", list(values))), values))
