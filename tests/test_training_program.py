@@ -95,3 +95,21 @@ def test_launchers_are_bound_once(shared):
     assert all(not hasattr(fn, "bind") for p in progs for fn, _ in p.calls)
     tp.run(True, _batch(2))
     assert calls == [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
+
+
+def test_a_gradient_of_a_graph_input_is_refused_naming_it(tmp_path):
+    """requires_grad on a graph input: artifacts build (as in ORT 1.19, whose Module then fails at its first
+    step with a type error); the runtime refuses when binding, naming the input."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgetrain import artifacts
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                          [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    artifacts.generate_artifacts(m, requires_grad=["w", "x"], loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=tmp_path)
+    ckpt = checkpoint.load(tmp_path / "checkpoint")
+    with pytest.raises(EdgetrainError, match="gradient for 'x', which is one of its inputs"):
+        TrainingProgram(load_graph(tmp_path / "training_model.onnx"), ckpt.trainable | ckpt.frozen)

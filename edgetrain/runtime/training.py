@@ -81,6 +81,12 @@ class TrainingProgram:
         declared = {v.name: v for v in train.inputs}
         trainable = [n[: -len(BUFFER)] for n in declared if n.endswith(BUFFER)]
         for p in self.train_io.params + trainable:
+            if p in self.train_io.user_inputs:
+                raise EdgetrainError(
+                    f"the training model accumulates a gradient for '{p}', which is one of its inputs, not a "
+                    f"checkpoint parameter: only initializers can be trained (onnxruntime 1.19 cannot run such "
+                    f"a model either); drop '{p}' from requires_grad or make it an initializer "
+                    f"(edgetrain.forward_backward gives gradients of inputs)")
             if p not in known:
                 raise EdgetrainError(f"the checkpoint has no parameter '{p}' that the training model needs")
         for name, v in declared.items():
