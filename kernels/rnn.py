@@ -17,9 +17,12 @@ import math
 
 import numpy as np
 
-from edgetrain.ops.rnn import input_at, rnn_geometry
+from edgetrain.ops.rnn import ACTIVATIONS, input_at, rnn_geometry
 
 from ._jit import jit
+
+
+TANH_F32 = 3     # a kernel-side code (ops.rnn.ACTIVATIONS has 0-2): Tanh for float32 results, see _act
 
 
 @jit(inline="always")
@@ -31,6 +34,13 @@ def _act(code, v):
         return e / (1.0 + e)
     if code == 1:
         return math.tanh(v)
+    if code == TANH_F32:
+        # libm's tanh was 3/4 of an LSTM step; (1 - e) / (1 + e) with e = exp(-2|v|) in float64 is within
+        # 1e-12 relative of it for |v| >= 1e-4 (far below float32's rounding), v itself below that
+        a = abs(v)
+        e = math.exp(-2.0 * a)
+        r = (1.0 - e) / (1.0 + e) if a >= 1e-4 else a
+        return r if v >= 0 else -r
     return v if v > 0 else 0.0
 
 
@@ -39,9 +49,16 @@ def _dact(code, y):
     """The activation's derivative, from its output y."""
     if code == 0:
         return y * (1.0 - y)
-    if code == 1:
+    if code == 1 or code == TANH_F32:
         return 1.0 - y * y
     return 1.0 if y > 0 else 0.0
+
+
+def _kernel_codes(acts, dtype):
+    """The activation codes per direction as the step kernels take them (float32: the faster Tanh)."""
+    if dtype != np.float32:
+        return acts
+    return tuple(tuple(TANH_F32 if a == ACTIVATIONS["tanh"] else a for a in per_dir) for per_dir in acts)
 
 
 # --- forward steps ----------------------------------------------------------------------------------------
@@ -273,6 +290,7 @@ class _Views:
         self.zeros_state = np.zeros((g.directions, g.batch, g.hidden), self.dtype)
         self.zeros_step = np.zeros((g.batch, g.hidden), self.dtype)
         self.full = np.full(g.batch, g.seq, np.int32)
+        self.acts = _kernel_codes(g.acts, self.dtype)
         self.order = [range(g.seq - 1, -1, -1) if r else range(g.seq) for r in g.reverse]
 
     def rows(self, a, width):
@@ -335,7 +353,7 @@ def _forward(ctx, cell):
         for d in range(g.directions):
             wb, rb = v.bias(bias, d)
             np.copyto(h, h0v[d])
-            acts = g.acts[d]
+            acts = v.acts[d]
             rt = r[d].T
             xd = xw4[:, :, d * gh:(d + 1) * gh]
             if cell == "LSTM":
@@ -410,7 +428,7 @@ def _backward(ctx, cell):
         hp3, aux3 = v.rows(hp, hidden), v.rows(aux, hidden)
         dx, dw, dr, db, dh0 = outs[:5]
         for d in range(g.directions):
-            acts = g.acts[d]
+            acts = v.acts[d]
             reverse = g.reverse[d]
             rb = v.bias(bias, d)[1]
             np.copyto(dh, v.state(dyh)[d] if dyh is not None else v.zeros_step)
