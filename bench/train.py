@@ -56,7 +56,10 @@ BATCH = {"mlp": (64, 784), "cnn": (32, 1, 28, 28), "digits": (32, 64), "transfor
          "mobilenet": (16, 3, 32, 32)}
 CLASSES = {"transformer": 4}          # the others have 10
 TOKENS = {"transformer": 100}         # integer inputs: token ids must be valid rows of the embedding
-TARGETS = "edgetrain ms/step <= 0.8x ORT, peak RSS <= ORT, warm start <= 1 s"
+TARGETS = ("edgetrain ms/step <= 0.8x ORT at 1 and 2 threads (digits <= 0.6x), peak RSS <= 1.2x ORT (warm full "
+           "package; bench/warm.py has the ahead-of-time warm path, bench/trimmed.py the trimmed runtime: <= 0.6x), "
+           "warm start <= ORT's, cold start <= 5 s (issue 14)")
+SPEED_TARGET = {"digits": 0.6}      # the others: 0.8
 
 
 @dataclass(frozen=True)
@@ -320,8 +323,8 @@ def results_table(table: dict) -> list[str]:
 
 
 def targets_table(table: dict) -> list[str]:
-    head = ("| model | edgetrain / ORT ms/step (<= 0.8) | edgetrain / ORT peak RSS (<= 1) | warm start s (<= 1) "
-            "| cold start s | met |")
+    head = ("| model | edgetrain / ORT ms/step (<= 0.8; digits <= 0.6) | edgetrain / ORT peak RSS (<= 1.2) "
+            "| edgetrain / ORT start (<= 1) | cold start s (<= 5) | met |")
     lines = [head, "|" + "---|" * 6]
     for model, rows in table.items():
         for name in [n for n in rows if n.partition(" ")[0] == "edgetrain"]:
@@ -331,10 +334,12 @@ def targets_table(table: dict) -> list[str]:
                 why = et.get("error") or base.get("error") or "no baseline or no edgetrain run"
                 lines.append(f"| {label} | - | - | - | - | {why.replace('|', '/')[:240]} |")
                 continue
-            ms, rss = et["ms"] / base["ms"], et["rss"] / base["rss"]
-            met = [k for k, ok in (("speed", ms <= 0.8), ("memory", rss <= 1), ("start", et["start"] <= 1)) if ok]
-            cold = f"{et['cold']:.2f}" if et.get("cold") is not None else "-"
-            lines.append(f"| {label} | {ms:.2f} | {rss:.2f} | {et['start']:.2f} | {cold} | "
+            ms, rss, start = et["ms"] / base["ms"], et["rss"] / base["rss"], et["start"] / base["start"]
+            cold = et.get("cold")
+            met = [k for k, ok in (("speed", ms <= SPEED_TARGET.get(model, 0.8)), ("memory", rss <= 1.2),
+                                   ("start", start <= 1), ("cold", cold is not None and cold <= 5)) if ok]
+            cold_s = f"{cold:.2f}" if cold is not None else "-"
+            lines.append(f"| {label} | {ms:.2f} | {rss:.2f} | {start:.2f} | {cold_s} | "
                          f"{', '.join(met) or 'none'} |")
     return lines
 
