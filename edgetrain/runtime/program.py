@@ -13,8 +13,11 @@ import numpy as np
 
 from .. import codegen, config
 from ..errors import InputError
+from ..kernels import _parallel
 from ..plan import Plan
 from .threads import limit_blas_threads
+
+SPLIT_ELEMENTS = 1 << 16    # fused loops this large run one slice per intra-op thread (a hand-off costs ~20 us)
 
 
 def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
@@ -80,6 +83,7 @@ class Program:
                 args = [self.values[i].reshape(v) for i, v in zip(step.inputs, k.input_shapes)]
                 args += [self.values[o].reshape(k.output_shape) for o in step.outputs]
                 args += [self._scratch(spec.types[o].dtype, r) for r, o in enumerate(step.outputs[:k.scratch_rows])]
+                fn, args = self._split_fused(fn, args, k, [spec.types[o].dtype for o in step.outputs])
             else:
                 b = step.nodes[0]
                 fn = launcher(b.op.kernel)(b.ctx)
@@ -97,6 +101,25 @@ class Program:
                         else self.values[name] for name in spec.output_names]
         self._narrowed = [(out, self.values[name]) for out, name in zip(self.outputs, spec.output_names)
                           if name in spec.declared]
+
+    def _split_fused(self, fn, args: list, k, out_dtypes: list):
+        """With intra-op threads, a large fused loop runs as one call per slice of its outermost dim (inputs
+        broadcast along it are passed whole; in-place loops get scratch rows of their own per slice)."""
+        n0, size = k.output_shape[0], int(np.prod(k.output_shape))
+        if _parallel.slots() < 2 or n0 < 2 or size < SPLIT_ELEMENTS:
+            return fn, args
+        n_in, n_out = len(k.input_shapes), len(out_dtypes)
+        per_slot = []
+        for slot in range(_parallel.slots()):
+            scratch = [np.empty(codegen.SCRATCH, out_dtypes[r]) for r in range(k.scratch_rows)] if slot else \
+                list(args[n_in + n_out:])
+            per_slot.append(scratch)
+        sliced = [a.shape[0] == n0 for a in args[:n_in + n_out]]
+
+        def work(slot, lo, hi):
+            fn(*[a[lo:hi] if cut else a for a, cut in zip(args, sliced)], *per_slot[slot])
+        rows = max(1, SPLIT_ELEMENTS // max(1, size // n0) // 2)
+        return _parallel.split, (n0, work, rows)
 
     def _scratch(self, dtype, row: int) -> np.ndarray:
         """Row ``row`` of this program's scratch rows for ``dtype`` (fixed size, shared by its in-place kernels)."""
