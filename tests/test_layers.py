@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAYERS = [
     {"errors"},
     {"config", "budget", "reading", "ir", "ortvalue", "ortformat_schema", "ort_schemas"},
-    {"atomic", "ops", "opset", "onnx_wire"},
+    {"atomic", "ops", "opset", "onnx_wire", "parallel"},
     {"checkpoint", "plan"},
     {"ortformat", "inline"},            # ortformat reads .ort files with checkpoint's bounds-checked flatbuffer views
     {"onnx_io"},

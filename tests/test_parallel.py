@@ -1,10 +1,10 @@
-"""kernels._parallel: the batch split of intra-op threads covers every item once, gives each concurrent slice its
+"""edgetrain.parallel: the batch split of intra-op threads covers every item once, gives each concurrent slice its
 own slot, and raises a slice's error after every slice has stopped."""
 import threading
 
 import pytest
 
-from edgetrain.kernels import _parallel
+from edgetrain import parallel
 
 
 @pytest.mark.parametrize("threads,n,min_each", [(1, 10, 1), (2, 10, 1), (2, 1, 1), (3, 7, 1), (2, 10, 6),
@@ -17,7 +17,7 @@ def test_split_covers_each_item_once_with_distinct_slots(monkeypatch, threads, n
         with lock:
             seen.extend(range(lo, hi))
             slots.append(slot)
-    _parallel.split(n, work, min_each)
+    parallel.split(n, work, min_each)
     assert sorted(seen) == list(range(n))
     assert sorted(slots) == list(range(len(slots))) and len(slots) <= threads
     assert len(slots) == max(1, min(threads, n // min_each))
@@ -34,7 +34,7 @@ def test_slices_run_at_once_and_errors_surface(monkeypatch):
             raise ValueError("slice 1 failed")
         done.append(slot)
     with pytest.raises(ValueError, match="slice 1 failed"):
-        _parallel.split(4, work)
+        parallel.split(4, work)
     assert done == [0]
 
 
@@ -66,8 +66,8 @@ def test_fused_loops_split_over_threads_give_the_same_bits(monkeypatch, shape):
     model = _chain_model(shape).SerializeToString()
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     calls = []
-    real = _parallel.split
-    monkeypatch.setattr(_parallel, "split", lambda n, work, m=1: (calls.append(n), real(n, work, m)))
+    real = parallel.split
+    monkeypatch.setattr(parallel, "split", lambda n, work, m=1: (calls.append(n), real(n, work, m)))
     out = {}
     for threads in ("1", "2"):
         monkeypatch.setenv("EDGETRAIN_NUM_THREADS", threads)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import codegen, config
 from ..errors import InputError
-from ..kernels import _parallel
+from .. import parallel
 from ..plan import Plan
 from .threads import limit_blas_threads
 
@@ -106,11 +106,11 @@ class Program:
         """With intra-op threads, a large fused loop runs as one call per slice of its outermost dim (inputs
         broadcast along it are passed whole; in-place loops get scratch rows of their own per slice)."""
         n0, size = k.output_shape[0], int(np.prod(k.output_shape))
-        if _parallel.slots() < 2 or n0 < 2 or size < SPLIT_ELEMENTS:
+        if parallel.slots() < 2 or n0 < 2 or size < SPLIT_ELEMENTS:
             return fn, args
         n_in, n_out = len(k.input_shapes), len(out_dtypes)
         per_slot = []
-        for slot in range(_parallel.slots()):
+        for slot in range(parallel.slots()):
             scratch = [np.empty(codegen.SCRATCH, out_dtypes[r]) for r in range(k.scratch_rows)] if slot else \
                 list(args[n_in + n_out:])
             per_slot.append(scratch)
@@ -119,7 +119,7 @@ class Program:
         def work(slot, lo, hi):
             fn(*[a[lo:hi] if cut else a for a, cut in zip(args, sliced)], *per_slot[slot])
         rows = max(1, SPLIT_ELEMENTS // max(1, size // n0) // 2)
-        return _parallel.split, (n0, work, rows)
+        return parallel.split, (n0, work, rows)
 
     def _scratch(self, dtype, row: int) -> np.ndarray:
         """Row ``row`` of this program's scratch rows for ``dtype`` (fixed size, shared by its in-place kernels)."""

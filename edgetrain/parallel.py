@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from edgetrain import config
+from . import config
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
