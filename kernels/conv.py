@@ -17,6 +17,7 @@ import numpy as np
 
 from edgetrain.ops.conv import col2im_geometry, conv_geometry, conv_grad_outputs, conv_transpose_geometry
 
+from . import bindable
 from ._jit import jit
 
 # Each (n, c) plane is first copied into a zero-padded scratch plane ``xp``, so the copy and multiply-add
@@ -72,64 +73,146 @@ def _im2col(x, cols, xp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, rows_first):
                                 dst[k] = src[k * sw]
 
 
-@jit
-def _conv_direct(x, wt, y, xp, acc, group, sh, sw, dh, dw, ph, pw):
-    """Convolution with one input channel per group (depthwise, or C_in = 1): each padded input plane is
-    multiplied by every tap of each of its group's filters. With unit strides a tap is one long multiply-add
-    over the flattened padded plane (``acc`` rows are ``wp`` wide; the extra columns are dropped)."""
+@jit(inline="always")
+def _phase_split(src, phases, sh, sw, ph, pw):
+    """phases[a*sw + b, r, q] = xpad[r*sh + a, q*sw + b], xpad being ``src`` zero-padded by ``ph`` rows on top
+    and ``pw`` columns on the left (zeros past it too): a strided tap over xpad is then a unit-stride one over
+    one phase. With unit strides the one phase is the padded plane."""
+    if sh == 1 and sw == 1:
+        _pad_plane(src, phases[0], ph, pw)
+        return
+    h, w = src.shape
+    flat = phases.reshape(phases.size)
+    for k in range(phases.size):
+        flat[k] = 0
+    for y in range(h):
+        a, r = (y + ph) % sh, (y + ph) // sh
+        s = src[y]
+        if sw == 2:    # one pass per row into both column phases (LLVM vectorizes the de-interleave)
+            b0 = pw % 2
+            o0 = phases[a * 2 + b0, r, pw // 2:]
+            o1 = phases[a * 2 + 1 - b0, r, (pw + 1) // 2:]
+            half = w // 2
+            for k in range(half):
+                o0[k] = s[U(2) * U(k)]
+                o1[k] = s[U(2) * U(k) + U(1)]
+            if w % 2:
+                o0[half] = s[w - 1]
+        else:
+            for b in range(sw):
+                j0 = (b - pw) % sw          # the first column of src that lands in phase b
+                o = phases[a * sw + b, r, (j0 + pw) // sw:]
+                sb = s[j0:]
+                for k in range((w - j0 + sw - 1) // sw):
+                    o[k] = sb[U(k) * U(sw)]
+
+
+@jit(fastmath=True)
+def _conv_direct(x, wt, y, phases, acc, offsets, group, sh, sw, ph, pw):
+    """Convolution with one input channel per group (depthwise, or C_in = 1). Each input plane is split into
+    its stride phases once (``_phase_split``); every tap t is then one unit-stride multiply-add over the
+    flattened phases from ``offsets[t]`` (``tap_offsets``) into ``acc``, whose rows are ``wq`` wide (the extra
+    columns are dropped when copying out).
+    Taps go six at a time: one pass over acc per six taps, and at most seven arrays per loop, which LLVM still
+    vectorizes with runtime alias checks (nine taps at once it leaves scalar)."""
     n_batch, c_in = x.shape[0], x.shape[1]
     m_out, _, kh, kw = wt.shape
     oh, ow = y.shape[2], y.shape[3]
-    hp, wp = xp.shape
-    xpf = xp.reshape(hp * wp)
+    n_phases, hq, wq = phases.shape
+    pf = phases.reshape(n_phases * hq * wq)
     mg = m_out // group
-    span = (oh - 1) * wp + ow
+    span = (oh - 1) * wq + ow
+    taps = kh * kw
     for n in range(n_batch):
         for c in range(c_in):
-            _pad_plane(x[n, c], xp, ph, pw)
+            _phase_split(x[n, c], phases, sh, sw, ph, pw)
             for m in range(c * mg, (c + 1) * mg):
-                out = y[n, m]
-                if sh == 1 and sw == 1:
-                    for k in range(span):
-                        acc[k] = 0
-                    for i in range(kh):
-                        j = 0
-                        while j + 3 <= kw:   # three taps per pass: a third of the acc loads and stores
-                            w0, w1, w2 = wt[m, 0, i, j], wt[m, 0, i, j + 1], wt[m, 0, i, j + 2]
-                            shift = i * dh * wp + j * dw
-                            s0 = xpf[shift:shift + span]
-                            s1 = xpf[shift + dw:shift + dw + span]
-                            s2 = xpf[shift + 2 * dw:shift + 2 * dw + span]
+                wm = wt[m, 0].reshape(taps)
+                t = 0
+                while t < taps:
+                    if taps - t >= 6:
+                        w0, w1, w2, w3, w4, w5 = wm[t], wm[t + 1], wm[t + 2], wm[t + 3], wm[t + 4], wm[t + 5]
+                        o = offsets[t]
+                        s0 = pf[o:o + span]
+                        o = offsets[t + 1]
+                        s1 = pf[o:o + span]
+                        o = offsets[t + 2]
+                        s2 = pf[o:o + span]
+                        o = offsets[t + 3]
+                        s3 = pf[o:o + span]
+                        o = offsets[t + 4]
+                        s4 = pf[o:o + span]
+                        o = offsets[t + 5]
+                        s5 = pf[o:o + span]
+                        if t == 0:
+                            for k in range(span):
+                                acc[k] = (w0 * s0[k] + w1 * s1[k] + w2 * s2[k]) + (w3 * s3[k] + w4 * s4[k]
+                                                                                   + w5 * s5[k])
+                        else:
+                            for k in range(span):
+                                acc[k] += (w0 * s0[k] + w1 * s1[k] + w2 * s2[k]) + (w3 * s3[k] + w4 * s4[k]
+                                                                                    + w5 * s5[k])
+                        t += 6
+                    elif taps - t >= 3:
+                        w0, w1, w2 = wm[t], wm[t + 1], wm[t + 2]
+                        o = offsets[t]
+                        s0 = pf[o:o + span]
+                        o = offsets[t + 1]
+                        s1 = pf[o:o + span]
+                        o = offsets[t + 2]
+                        s2 = pf[o:o + span]
+                        if t == 0:
+                            for k in range(span):
+                                acc[k] = w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
+                        else:
                             for k in range(span):
                                 acc[k] += w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
-                            j += 3
-                        while j < kw:
-                            wv = wt[m, 0, i, j]
-                            shift = i * dh * wp + j * dw
-                            src = xpf[shift:shift + span]
+                        t += 3
+                    else:
+                        w0 = wm[t]
+                        o = offsets[t]
+                        s0 = pf[o:o + span]
+                        if t == 0:
                             for k in range(span):
-                                acc[k] += wv * src[k]
-                            j += 1
-                    for oy in range(oh):
-                        dst = out[oy]
-                        a = acc[oy * wp:oy * wp + ow]
-                        for k in range(ow):
-                            dst[k] = a[k]
-                else:
-                    for oy in range(oh):
-                        dst = out[oy]
-                        for k in range(ow):
-                            dst[k] = 0
-                        for i in range(kh):
-                            for j in range(kw):
-                                wv = wt[m, 0, i, j]
-                                src = xp[oy * sh + i * dh, j * dw:]
-                                for k in range(ow):
-                                    dst[k] += wv * src[k * sw]
+                                acc[k] = w0 * s0[k]
+                        else:
+                            for k in range(span):
+                                acc[k] += w0 * s0[k]
+                        t += 1
+                out = y[n, m]
+                for oy in range(oh):
+                    dst = out[oy]
+                    a = acc[oy * wq:oy * wq + ow]
+                    for k in range(ow):
+                        dst[k] = a[k]
+
+
+def tap_offsets(kernel, strides, dilations, phase_shape) -> np.ndarray:
+    """Where each tap (row-major over the kernel) starts in ``_conv_direct``'s flattened phases: its phase's
+    plane, shifted by the whole phase rows and columns it lies below and right of the window's corner."""
+    (kh, kw), (sh, sw), (dh, dw), (hq, wq) = kernel, strides, dilations, phase_shape
+    i, j = np.divmod(np.arange(kh * kw, dtype=np.int64), kw)
+    return ((i * dh % sh) * sw + j * dw % sw) * (hq * wq) + (i * dh // sh) * wq + j * dw // sw
+
+
+def _add_bias(fn, args, y, bias):
+    """``(fn, args)`` followed by y += bias: a Conv keeps its bias only when planning folds it (``plan.lower``
+    splits it off into an element-wise Add otherwise)."""
+    def run():
+        fn(*args)
+        np.add(y, bias, out=y)
+    return run, ()
+
+
+def _im2col_matmul(x, cols, plane, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, w, cols_g, y):
+    _im2col(x, cols, plane, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False)
+    np.matmul(w, cols_g, out=y)
 
 
 def conv(ctx):
-    """Launcher: ``run(X, W[, B], Y, *workspace)`` (workspace as ``ops.conv.conv_workspace`` declares)."""
+    """Launcher: ``run(X, W[, B], Y, *workspace)`` (workspace as ``ops.conv.conv_workspace`` declares), bound
+    once per program (``kernels.bindable``): the views, the path and the kernel's arguments are fixed then, and
+    a step calls the jitted kernel (direct path) or np.matmul (pointwise) with no Python in between."""
     g = conv_geometry(ctx)
     win = g.window
     kh, kw = win.kernel
@@ -146,16 +229,21 @@ def conv(ctx):
     has_bias = ctx.has_input(2)
     bias_shape = (1, m, 1, 1)
 
-    if g.direct:
-        def run(*args):
-            y = args[n_in].reshape(y4)
-            _conv_direct(args[0].reshape(x4), args[1].reshape(w4), y, args[n_in + 1], args[n_in + 2],
-                         group, sh, sw, dh, dw, ph, pw)
-            if has_bias:
-                np.add(y, args[2].reshape(bias_shape), out=y)
-        return run
+    def with_bias(fn, args, arrays):
+        if not has_bias:
+            return fn, args
+        return _add_bias(fn, args, arrays[n_in].reshape(y4), arrays[2].reshape(bias_shape))
 
-    pointwise = g.pointwise
+    if g.direct:
+        @bindable
+        def bind_direct(*arrays):
+            phases, acc = arrays[n_in + 1:n_in + 3]
+            offsets = tap_offsets(win.kernel, win.strides, win.dilations, phases.shape[1:])
+            return with_bias(_conv_direct, (arrays[0].reshape(x4), arrays[1].reshape(w4),
+                                            arrays[n_in].reshape(y4), phases, acc, offsets, group, sh, sw, ph, pw),
+                             arrays)
+        return bind_direct
+
     ckk, ohw = g.ckk, g.ohw
     if group == 1:
         w_shape, cols_shape, y_shape = (m, ckk), (n, ckk, ohw), (n, m, ohw)
@@ -163,19 +251,20 @@ def conv(ctx):
         w_shape, y_shape = (group, mg, ckk // group), (n, group, mg, ohw)
         cols_shape = (n, group, ckk // group, ohw)
 
-    def run(*args):
-        x, y = args[0], args[n_in]
-        if pointwise:
-            cols = x.reshape(cols_shape)
-        else:
-            cols = args[n_in + 1]
-            _im2col(x.reshape(x4), cols, args[n_in + 2], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False)
-            cols = cols.reshape(cols_shape)
-        np.matmul(args[1].reshape(w_shape), cols, out=y.reshape(y_shape))
-        if has_bias:
-            y = y.reshape(y4)
-            np.add(y, args[2].reshape(bias_shape), out=y)
-    return run
+    if g.pointwise:
+        @bindable
+        def bind_pointwise(*arrays):
+            return with_bias(np.matmul, (arrays[1].reshape(w_shape), arrays[0].reshape(cols_shape),
+                                         arrays[n_in].reshape(y_shape)), arrays)   # ufunc: the third is out
+        return bind_pointwise
+
+    @bindable
+    def bind_gemm(*arrays):
+        cols, plane = arrays[n_in + 1:n_in + 3]
+        return with_bias(_im2col_matmul, (arrays[0].reshape(x4), cols, plane, kh, kw, sh, sw, dh, dw, ph, pw, oh,
+                                          ow, arrays[1].reshape(w_shape), cols.reshape(cols_shape),
+                                          arrays[n_in].reshape(y_shape)), arrays)
+    return bind_gemm
 
 
 # --- ConvGrad ---------------------------------------------------------------------------------------------

@@ -214,18 +214,20 @@ def _conv(ctx: NodeContext):
 
 
 def conv_workspace(ctx: NodeContext):
-    """Scratch of ``kernels.conv.conv``: a zero-padded input plane, plus the im2col matrix of the whole batch
-    (GEMM path) or one output plane on the padded width (direct path); nothing for a pointwise conv."""
+    """Scratch of ``kernels.conv.conv``: the im2col matrix of the whole batch and a zero-padded input plane
+    (GEMM path); the padded plane split into its stride phases, [sh * sw, ceil(hp / sh), ceil(wp / sw)], and
+    one output plane on the phases' width (direct path); nothing for a pointwise conv."""
     g = conv_geometry(ctx)
     if g.pointwise and not g.direct:
         return []
     dtype = ctx.type(0).dtype
     w = g.window
     padded = (g.in_hw[0] + w.pads_begin[0] + w.pads_end[0], g.in_hw[1] + w.pads_begin[1] + w.pads_end[1])
-    plane = TensorType(dtype, padded)
     if g.direct:
-        return [plane, TensorType(dtype, (w.out[0] * padded[1],))]
-    return [TensorType(dtype, (g.n, g.ckk, g.ohw)), plane]
+        (sh, sw), oh = w.strides, w.out[0]
+        phase = (-(-padded[0] // sh), -(-padded[1] // sw))
+        return [TensorType(dtype, (sh * sw,) + phase), TensorType(dtype, (oh * phase[1],))]
+    return [TensorType(dtype, (g.n, g.ckk, g.ohw)), TensorType(dtype, padded)]
 
 
 # --- gradient ---------------------------------------------------------------------------------------------

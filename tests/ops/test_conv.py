@@ -77,6 +77,44 @@ def test_conv_float64(case):
     assert_matches(m, feeds, oracle=run_reference, rtol=1e-10, atol=1e-12)
 
 
+# The direct path splits each padded plane into its stride phases: odd sizes, pads on one side only or past
+# the kernel, dilations that are and are not multiples of the stride, strides of 2, 3 and mixed, 1-D.
+STRIDED_DEPTHWISE = {
+    "s2_odd_pad_begin": ((2, 3, 11, 9), (3, 1, 3, 3), dict(pads=[1, 1, 0, 0], group=3, strides=[2, 2])),
+    "s2_even_pad_end": ((1, 4, 10, 12), (4, 1, 3, 3), dict(pads=[0, 0, 1, 1], group=4, strides=[2, 2])),
+    "s2_dilation2": ((1, 2, 13, 11), (2, 1, 3, 3), dict(pads=[2, 2, 2, 2], group=2, strides=[2, 2],
+                                                        dilations=[2, 2])),
+    "s2_dilation3_asym": ((2, 3, 12, 13), (3, 1, 3, 2), dict(pads=[3, 1, 2, 0], group=3, strides=[2, 2],
+                                                             dilations=[3, 1])),
+    "s3_s2_big_pads": ((1, 2, 8, 9), (4, 1, 3, 3), dict(pads=[3, 4, 2, 3], group=2, strides=[3, 2])),
+    "s2_s1_5x5": ((1, 3, 9, 8), (3, 1, 5, 5), dict(pads=[2, 2, 2, 2], group=3, strides=[2, 1])),
+    "s1_s3_7x4": ((2, 2, 9, 14), (2, 1, 7, 4), dict(pads=[3, 1, 3, 2], group=2, strides=[1, 3])),
+    "s2_multiplier_1x1": ((2, 3, 7, 7), (6, 1, 1, 1), dict(group=3, strides=[2, 2])),
+    "s2_same_upper": ((1, 4, 7, 10), (4, 1, 3, 3), dict(auto_pad="SAME_UPPER", group=4, strides=[2, 2])),
+    "s2_no_pad_kernel_fills": ((1, 2, 3, 5), (2, 1, 3, 3), dict(group=2, strides=[2, 2])),
+    "1d_s2_odd": ((2, 4, 15), (4, 1, 3), dict(pads=[1, 0], group=4, strides=[2])),
+    "1d_s4_dilated": ((1, 3, 23), (3, 1, 3), dict(pads=[2, 3], group=3, strides=[4], dilations=[3])),
+    "s2_multiplier_3x3": ((2, 2, 9, 11), (6, 1, 3, 3), dict(pads=[1, 1, 1, 1], group=2, strides=[2, 2])),
+}
+
+
+@pytest.mark.parametrize("case", list(STRIDED_DEPTHWISE))
+def test_conv_strided_depthwise(case):
+    """Strided depthwise convs (the stride phases of ``kernels.conv._conv_direct``) against onnxruntime in
+    float32 and the reference evaluator in float64; a rerun with other data overwrites every output."""
+    x_shape, w_shape, attrs = STRIDED_DEPTHWISE[case]
+    rng = np.random.default_rng(zlib.crc32(f"strided/{case}".encode()))
+    m, feeds = _conv_model(x_shape, w_shape, attrs, np.float32, True, rng, fed=True)
+    sess = edgetrain.InferenceSession(m.SerializeToString())
+    assert any(b.node.op_type == "Conv" and b.op.workspace(b.ctx)[0].shape[0] == np.prod(attrs["strides"])
+               for s in sess.program(feeds).plan.steps for b in s.nodes), "not on the direct path"
+    for _ in range(2):
+        feeds = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in feeds.items()}
+        np.testing.assert_allclose(sess.run(None, feeds)[0], run_onnxruntime(m, feeds)[0], rtol=1e-4, atol=1e-5)
+    m, feeds = _conv_model(x_shape, w_shape, attrs, np.float64, False, rng)
+    assert_matches(m, feeds, oracle=run_reference, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("case", ["2d_stride_asym_pads_dilation", "2d_group2", "2d_depthwise",
                                   "1d_pointwise"])
 def test_conv_weights_fed(case):
