@@ -366,9 +366,10 @@ def conv_grad(ctx):
         def bind_direct(*args):
             dy, x, w = args[0], args[1], args[2]
             xp, dxp, dyp = args[3 + n_out:]
-            call = (x.reshape(x4), w.reshape(w4), dy.reshape(y4), args[3].reshape(x4) if want_dx else none4,
-                    args[4].reshape(w4) if want_dw else none4, xp, dxp, dyp, want_dx, want_dw, group, sh, sw, dh,
-                    dw, ph, pw)
+            dx = args[3].reshape(x4) if want_dx else none4
+            dwt = args[4].reshape(w4) if want_dw else none4
+            call = (x.reshape(x4), w.reshape(w4), dy.reshape(y4), dx, dwt, xp, dxp, dyp, want_dx, want_dw,
+                    group, sh, sw, dh, dw, ph, pw)
             bias = (dy.reshape(y3), args[5]) if want_db else None
 
             def run():
@@ -392,9 +393,9 @@ def conv_grad(ctx):
         ws = dict(zip(layout, args[3 + n_out:]))
         # dY and X with the batch axis next to the pixels ([M, N*OH*OW]): views for one image, else copies
         dyt = dy.reshape(m, cols_n) if n == 1 else ws.get("dy_t")
-        copies = [(ws["dy_t"].reshape(m, n, ohw), dy.reshape(y3).swapaxes(0, 1))] if "dy_t" in ws else []
-        weight = dx_call = None
-        # X's columns: X itself when pointwise (a view for one image; else X, then dX, with the batch moved in)
+        copies = [(dyt.reshape(m, n, ohw), dy.reshape(y3).swapaxes(0, 1))] if n > 1 else []
+        weight = dx_call = im2col = col2im = bias = None
+        # X's columns: X itself when pointwise (a view for one image; else X, then dX, batch axis moved in)
         xt = (x if n == 1 else ws.get("x_t")) if pointwise else ws.get("cols")
         back = []
         if pointwise and n > 1:
@@ -403,16 +404,18 @@ def conv_grad(ctx):
             if want_dx:
                 back.append((args[3].reshape(n, c, ohw), xt.reshape(c, n, ohw).swapaxes(0, 1)))
         if want_dw:
-            weight = _per_group(dyt.reshape(group, mg, cols_n), xt.reshape(group, cgkk, cols_n).swapaxes(-1, -2),
-                                args[4].reshape(group, mg, cgkk))
-        wt = w.reshape(group, mg, cgkk).swapaxes(-1, -2)
+            xt_g = xt.reshape(group, cgkk, cols_n).swapaxes(-1, -2)
+            weight = _per_group(dyt.reshape(group, mg, cols_n), xt_g, args[4].reshape(group, mg, cgkk))
+            if not pointwise:
+                im2col = (x.reshape(x4), ws["cols"].reshape(ckk, n, ohw), ws["plane"])
         if want_dx:                      # W^T [dY over the batch]: dX's columns, [C*kh*kw, N*OH*OW]
+            wt = w.reshape(group, mg, cgkk).swapaxes(-1, -2)
             dst = (args[3] if n == 1 else xt) if pointwise else ws["cols"]
             dx_call = _per_group(wt, dyt.reshape(group, mg, cols_n), dst.reshape(group, cgkk, cols_n))
-        im2col = (x.reshape(x4), ws["cols"].reshape(ckk, n, ohw), ws["plane"]) if want_dw and not pointwise else None
-        col2im = (ws["cols"].reshape(ckk, n, ohw), args[3].reshape(x4), ws["plane"]) if want_dx and not pointwise \
-            else None
-        bias = (dy.reshape(y3), args[5]) if want_db else None
+            if not pointwise:
+                col2im = (ws["cols"].reshape(ckk, n, ohw), args[3].reshape(x4), ws["plane"])
+        if want_db:
+            bias = (dy.reshape(y3), args[5])
 
         def run():
             for dst, src in copies:

@@ -263,10 +263,11 @@ def batch_norm(ctx):
     def bind_training(*args):
         x3 = args[0].reshape(n, c, inner)
         stats = args[-1]
-        apply = (x3, args[1].reshape(c), args[2].reshape(c), args[3].reshape(c), args[4].reshape(c), stats, eps,
-                 momentum, args[y_at].reshape(n, c, inner), args[rm_at] if rm_at >= 0 else dummy,
+        apply = (x3, args[1].reshape(c), args[2].reshape(c), args[3].reshape(c), args[4].reshape(c), stats,
+                 eps, momentum, args[y_at].reshape(n, c, inner), args[rm_at] if rm_at >= 0 else dummy,
                  args[rv_at] if rv_at >= 0 else dummy, rm_at >= 0, rv_at >= 0)
-        saved_mean = args[sm_at] if sm_at >= 0 else None      # BatchNormInternal's saved_mean and saved_inv_std
+        # BatchNormInternal's saved_mean and saved_inv_std
+        saved_mean = args[sm_at] if sm_at >= 0 else None
         saved_inv = args[si_at] if si_at >= 0 else None
 
         def run():
@@ -358,11 +359,11 @@ def batch_norm_grad(ctx):
 
     @bindable
     def bind(*args):
+        outs = (args[dx_at].reshape(n, c, inner) if dx_at >= 0 else dummy_x,
+                args[ds_at].reshape(c) if ds_at >= 0 else dummy_c,
+                args[db_at].reshape(c) if db_at >= 0 else dummy_c)
         return _bn_grad, (args[0].reshape(n, c, inner), args[1].reshape(n, c, inner), args[2].reshape(c),
-                          args[3].reshape(c), args[4].reshape(c),
-                          args[dx_at].reshape(n, c, inner) if dx_at >= 0 else dummy_x,
-                          args[ds_at].reshape(c) if ds_at >= 0 else dummy_c,
-                          args[db_at].reshape(c) if db_at >= 0 else dummy_c, dx_at >= 0, ds_at >= 0, db_at >= 0)
+                          args[3].reshape(c), args[4].reshape(c), *outs, dx_at >= 0, ds_at >= 0, db_at >= 0)
     return bind
 
 

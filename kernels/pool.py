@@ -257,7 +257,8 @@ def max_unpool(ctx):
 
     @bindable
     def bind(x, idx, *rest):
-        return checked(_max_unpool, (x.reshape(-1), idx.reshape(-1), rest[-1].reshape(-1)), ctx, 1, idx, allowed)
+        call = (x.reshape(-1), idx.reshape(-1), rest[-1].reshape(-1))
+        return checked(_max_unpool, call, ctx, 1, idx, allowed)
     return bind
 
 
@@ -280,7 +281,8 @@ def lp_pool(ctx):
 
     @bindable
     def bind(x, y):
-        return _lp_pool, (x.reshape(x3), y.reshape(y3), win.kernel, win.strides, win.dilations, win.pads_begin, p)
+        window = (win.kernel, win.strides, win.dilations, win.pads_begin)
+        return _lp_pool, (x.reshape(x3), y.reshape(y3), *window, p)
     return bind
 
 
@@ -368,8 +370,8 @@ def max_pool_grad(ctx):
 
     @bindable
     def bind(dy, idx, dx):
-        return checked(_max_pool_grad, (dy.reshape(-1), idx.reshape(-1), dx.reshape(-1), h, w, col_major), ctx, 1,
-                       idx, allowed)
+        call = (dy.reshape(-1), idx.reshape(-1), dx.reshape(-1), h, w, col_major)
+        return checked(_max_pool_grad, call, ctx, 1, idx, allowed)
     return bind
 
 

@@ -89,8 +89,8 @@ def test_pow_by_two_or_one_becomes_mul_or_a_view():
     x = np.concatenate([RNG.standard_normal(20).astype(np.float32) * 3,
                         np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e20, -1e-30], np.float32)])
     feeds = {"X": x, "E": np.array(2.0, np.float32)}
-    consts = {"two": np.array(2.0, np.float32), "one": np.array([1.0], np.float32), "three": np.array(3.0, np.float32),
-              "two_int": np.array(2, np.int64)}
+    consts = {"two": np.array(2.0, np.float32), "one": np.array([1.0], np.float32),
+              "three": np.array(3.0, np.float32), "two_int": np.array(2, np.int64)}
     nodes = [helper.make_node("Pow", ["X", e], [f"Y_{e}"]) for e in ("two", "one", "three", "two_int", "E")]
     outputs = [n.output[0] for n in nodes]
     m = model(nodes, feeds, outputs, initializers=consts)
