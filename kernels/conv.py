@@ -393,7 +393,7 @@ def conv_grad(ctx):
         ws = dict(zip(layout, args[3 + n_out:]))
         # dY and X with the batch axis next to the pixels ([M, N*OH*OW]): views for one image, else copies
         dyt = dy.reshape(m, cols_n) if n == 1 else ws.get("dy_t")
-        copies = [(dyt.reshape(m, n, ohw), dy.reshape(y3).swapaxes(0, 1))] if n > 1 else []
+        copies = [(dyt.reshape(m, n, ohw), dy.reshape(y3).swapaxes(0, 1))] if "dy_t" in ws else []
         weight = dx_call = im2col = col2im = bias = None
         # X's columns: X itself when pointwise (a view for one image; else X, then dX, batch axis moved in)
         xt = (x if n == 1 else ws.get("x_t")) if pointwise else ws.get("cols")
