@@ -250,7 +250,7 @@ def _conv_grad(ctx: NodeContext):
 
 def conv_grad_layout(ctx: NodeContext) -> dict[str, TensorType]:
     """Scratch of ``kernels.conv.conv_grad`` by name, in workspace order. GEMM path: dW and dX are each one
-    GEMM over the whole batch (one BLAS call instead of one per image: 1.2-3x faster at ResNet-18's late
+    GEMM over the whole batch (one BLAS call instead of one per image: 1.2-2x faster at ResNet-18's late
     layers, where an image has 4-16 pixels, and one thread handshake instead of N with two threads), on the
     columns of X ("cols", [C*kh*kw, N*OH*OW], laid out by im2col through a padded "plane"; then reused for
     dX's columns) and dY with the batch axis moved next to the pixels ("dy_t", [M, N*OH*OW]; so X too, "x_t",
