@@ -2,10 +2,10 @@
 ``np.matmul(out=)`` (BLAS) for the whole batch; a direct jitted loop when each group has one input channel
 (depthwise), where per-group GEMMs would have an inner dimension of only kh * kw.
 
-ConvGrad (com.microsoft) takes the same two paths: dW = sum over images of dY[n] im2col(X)[n]^T (X's columns
-recomputed into the workspace; one GEMM over the batch or products added image by image, whichever needs
-less scratch: ``ConvGeometry.dw_in_one_gemm``), dX = col2im(W^T dY[n]) through the same workspace, dB a
-jitted row sum; the direct path computes dW and dX tap by tap over padded planes.
+ConvGrad (com.microsoft) takes the same two paths. GEMM path: with dY's batch axis moved next to its pixels
+(dY_t, [M, N*OH*OW]), dW = dY_t im2col(X)^T and dX = col2im(W^T dY_t), each one GEMM over the whole batch
+(X's columns recomputed into the workspace, which then holds dX's; ``ops.conv.conv_grad_layout``); dB a jitted
+row sum. The direct path computes dW and dX tap by tap over padded planes.
 
 ConvTranspose is ConvGrad's dX path with X in dY's place (``ops.conv`` derives the Conv whose adjoint it is).
 
@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgetrain.ops.conv import col2im_geometry, conv_geometry, conv_grad_outputs, conv_transpose_geometry
+from edgetrain.ops.conv import (
+    col2im_geometry,
+    conv_geometry,
+    conv_grad_layout,
+    conv_grad_outputs,
+    conv_transpose_geometry,
+)
 
 from . import bindable
 from ._jit import jit
@@ -283,12 +289,13 @@ def _crop_plane(xp, dst, ph, pw):
 U = np.uint64
 
 
-@jit
-def _col2im(cols, dx, xp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow):
+@jit(inline="always")
+def _col2im_into(cols, dx, xp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, rows_first):
     """The adjoint of ``_im2col``: dx[n, c, y, x] = sum of cols[n, (c*kh + i)*kw + j, oy*ow + ox] over the
-    taps (i, j, oy, ox) that read x[n, c, y, x]. Each plane is accumulated in the zero-padded scratch ``xp``,
-    whose interior is then copied out (the pads' share is dropped). Unsigned flat indices (``U``) spare
-    Numba's negative-index check: 1.2-1.4x faster than adding into sliced rows here."""
+    taps (i, j, oy, ox) that read x[n, c, y, x] (``rows_first``: cols[(c*kh + i)*kw + j, n, oy*ow + ox]). Each
+    plane is accumulated in the zero-padded scratch ``xp``, whose interior is then copied out (the pads' share
+    is dropped). Unsigned flat indices (``U``) spare Numba's negative-index check: 1.2-1.4x faster than adding
+    into sliced rows here."""
     n_batch, c_in = dx.shape[0], dx.shape[1]
     hp, wp = xp.shape
     flat = xp.reshape(hp * wp)
@@ -298,7 +305,8 @@ def _col2im(cols, dx, xp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow):
                 flat[k] = 0
             for i in range(kh):
                 for j in range(kw):
-                    row = cols[n, (c * kh + i) * kw + j]
+                    r = (c * kh + i) * kw + j
+                    row = cols[r, n] if rows_first else cols[n, r]
                     for oy in range(oh):
                         base = U((oy * sh + i * dh) * wp + j * dw)
                         src = U(oy * ow)
@@ -309,6 +317,18 @@ def _col2im(cols, dx, xp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow):
                             for k in range(ow):
                                 flat[base + U(k * sw)] += row[src + U(k)]
             _crop_plane(xp, dx[n, c], ph, pw)
+
+
+@jit
+def _col2im(cols, dx, xp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow):
+    """``_col2im_into`` from cols [N, C*kh*kw, OH*OW]."""
+    _col2im_into(cols, dx, xp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False)
+
+
+@jit
+def _col2im_rows(cols, dx, xp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow):
+    """``_col2im_into`` from cols [C*kh*kw, N, OH*OW], the layout of one GEMM over the batch."""
+    _col2im_into(cols, dx, xp, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, True)
 
 
 @jit(fastmath=True)
@@ -401,6 +421,12 @@ def _bias_grad(dy, db):
         db[m] = total
 
 
+def _per_group(a, b, out) -> list[tuple]:
+    """One 2-D product per group (``a[g] @ b[g] -> out[g]``): numpy's stacked matmul is up to 3x slower than
+    its 2-D one when an operand is a transposed view."""
+    return [(a[k], b[k], out[k]) for k in range(a.shape[0])]
+
+
 def conv_grad(ctx):
     """Launcher: ``run(dY, X, W, [dX, [dW, [dB]]], *workspace)`` (``ops.conv.conv_grad_workspace``); an output
     slot is None when its name is empty."""
@@ -424,73 +450,80 @@ def conv_grad(ctx):
     if g.direct:
         none4 = np.zeros((1, 1, 1, 1), dtype)   # stands in for an output nobody wants (never touched)
 
-        def run_direct(*args):
+        @bindable
+        def bind_direct(*args):
             dy, x, w = args[0], args[1], args[2]
             xp, dxp, dyp = args[3 + n_out:]
             dx = args[3].reshape(x4) if want_dx else none4
             dwt = args[4].reshape(w4) if want_dw else none4
-            if want_dx or want_dw:
-                _conv_direct_grad(x.reshape(x4), w.reshape(w4), dy.reshape(y4), dx, dwt, xp, dxp, dyp,
-                                  want_dx, want_dw, group, sh, sw, dh, dw, ph, pw)
-            if want_db:
-                _bias_grad(dy.reshape(y3), args[5])
-        return run_direct
+            call = (x.reshape(x4), w.reshape(w4), dy.reshape(y4), dx, dwt, xp, dxp, dyp, want_dx, want_dw,
+                    group, sh, sw, dh, dw, ph, pw)
+            bias = (dy.reshape(y3), args[5]) if want_db else None
+
+            def run():
+                if want_dx or want_dw:
+                    _conv_direct_grad(*call)
+                if bias is not None:
+                    _bias_grad(*bias)
+            return run, ()
+        return bind_direct
 
     pointwise = g.pointwise
     ckk, ohw = g.ckk, g.ohw
     cgkk = ckk // group
-    need_cols = not pointwise and (want_dx or want_dw)
-    one_gemm = g.dw_in_one_gemm
-    # grouped GEMMs: W[g, Mg, Cg*kk], cols[n, g, Cg*kk, ohw], dY[n, g, Mg, ohw]
-    w_g, cols_g, dy_g = (group, mg, cgkk), (n, group, cgkk, ohw), (n, group, mg, ohw)
-    dw_ws = 2 if need_cols else 0           # where conv_grad_workspace put dW's scratch
+    cols_n = n * ohw                     # columns of the one GEMM over the batch
+    window = (kh, kw, sh, sw, dh, dw, ph, pw, oh, ow)
+    layout = conv_grad_layout(ctx)
 
-    def weight_grad(dy, x, ws, dwg):
-        if one_gemm:    # dW[g] = dY^T[g] cols^T[g]^T over all N*OH*OW columns at once
-            dyt = ws[dw_ws].reshape(m, n, ohw)
-            np.copyto(dyt, dy.reshape(n, m, ohw).swapaxes(0, 1))
-            if pointwise:
-                colst = ws[dw_ws + 1].reshape(c, n, ohw)
-                np.copyto(colst, x.reshape(n, c, ohw).swapaxes(0, 1))
-            else:
-                colst = ws[0].reshape(ckk, n, ohw)
-                _im2col(x.reshape(x4), colst, ws[1], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, True)
-            np.matmul(dyt.reshape(group, mg, n * ohw), colst.reshape(group, cgkk, n * ohw).swapaxes(-1, -2),
-                      out=dwg)
-            return
-        if pointwise:
-            cols = x.reshape(cols_g)
-        else:
-            _im2col(x.reshape(x4), ws[0], ws[1], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False)
-            cols = ws[0].reshape(cols_g)
-        dy_gv = dy.reshape(dy_g)
-        if n == 0:      # an empty batch: an empty sum
-            dwg[...] = 0
-            return
-        np.matmul(dy_gv[0], cols[0].swapaxes(-1, -2), out=dwg)       # dW = sum over images of dY[i] cols[i]^T
-        if n > 1:
-            part = ws[dw_ws].reshape(w_g)
-            for i in range(1, n):
-                np.matmul(dy_gv[i], cols[i].swapaxes(-1, -2), out=part)
-                np.add(dwg, part, out=dwg)
-
-    def run(*args):
+    @bindable
+    def bind(*args):
         dy, x, w = args[0], args[1], args[2]
-        ws = args[3 + n_out:]
+        ws = dict(zip(layout, args[3 + n_out:]))
+        # dY and X with the batch axis next to the pixels ([M, N*OH*OW]): views for one image, else copies
+        dyt = dy.reshape(m, cols_n) if n == 1 else ws.get("dy_t")
+        copies = [(dyt.reshape(m, n, ohw), dy.reshape(y3).swapaxes(0, 1))] if "dy_t" in ws else []
+        weight = dx_call = im2col = col2im = bias = None
+        # X's columns: X itself when pointwise (a view for one image; else X, then dX, batch axis moved in)
+        xt = (x if n == 1 else ws.get("x_t")) if pointwise else ws.get("cols")
+        back = []
+        if pointwise and n > 1:
+            if want_dw:
+                copies.append((xt.reshape(c, n, ohw), x.reshape(n, c, ohw).swapaxes(0, 1)))
+            if want_dx:
+                back.append((args[3].reshape(n, c, ohw), xt.reshape(c, n, ohw).swapaxes(0, 1)))
         if want_dw:
-            weight_grad(dy, x, ws, args[4].reshape(w_g))
+            xt_g = xt.reshape(group, cgkk, cols_n).swapaxes(-1, -2)
+            weight = _per_group(dyt.reshape(group, mg, cols_n), xt_g, args[4].reshape(group, mg, cgkk))
+            if not pointwise:
+                im2col = (x.reshape(x4), ws["cols"].reshape(ckk, n, ohw), ws["plane"])
+        if want_dx:                      # W^T [dY over the batch]: dX's columns, [C*kh*kw, N*OH*OW]
+            wt = w.reshape(group, mg, cgkk).swapaxes(-1, -2)
+            dst = (args[3] if n == 1 else xt) if pointwise else ws["cols"]
+            dx_call = _per_group(wt, dyt.reshape(group, mg, cols_n), dst.reshape(group, cgkk, cols_n))
+            if not pointwise:
+                col2im = (ws["cols"].reshape(ckk, n, ohw), args[3].reshape(x4), ws["plane"])
         if want_db:
-            _bias_grad(dy.reshape(y3), args[5])
-        if want_dx:
-            wt = w.reshape(w_g).swapaxes(-1, -2)
-            dy_gv = dy.reshape(dy_g)
-            if pointwise:
-                np.matmul(wt, dy_gv, out=args[3].reshape(cols_g))
-            else:
-                dcols = ws[0].reshape(cols_g)
-                np.matmul(wt, dy_gv, out=dcols)                  # per image: W^T dY[n], the columns of dX
-                _col2im(ws[0], args[3].reshape(x4), ws[1], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow)
-    return run
+            bias = (dy.reshape(y3), args[5])
+
+        def run():
+            for dst, src in copies:
+                np.copyto(dst, src)
+            if weight is not None:
+                if im2col is not None:
+                    _im2col(*im2col, *window, True)
+                for a, b, out in weight:
+                    np.matmul(a, b, out=out)
+            if bias is not None:
+                _bias_grad(*bias)
+            if dx_call is not None:
+                for a, b, out in dx_call:
+                    np.matmul(a, b, out=out)
+                if col2im is not None:
+                    _col2im_rows(*col2im, *window)
+                for dst, src in back:
+                    np.copyto(dst, src)
+        return run, ()
+    return bind
 
 
 # --- ConvTranspose ----------------------------------------------------------------------------------------

@@ -251,25 +251,34 @@ def batch_norm(ctx):
         return _noop     # nothing to write (an empty batch in training mode still has running statistics)
 
     if not training:
-        def run(x, scale, b, mean, var, y, *_):
-            _bn_apply(x.reshape(n, c, inner), scale.reshape(c), b.reshape(c), mean.reshape(c), var.reshape(c), eps,
-                      y.reshape(n, c, inner))
-        return run
+        @bindable
+        def bind(x, scale, b, mean, var, y, *_):
+            return _bn_apply, (x.reshape(n, c, inner), scale.reshape(c), b.reshape(c), mean.reshape(c),
+                               var.reshape(c), eps, y.reshape(n, c, inner))
+        return bind
 
     y_at, rm_at, rv_at, sm_at, si_at = (_output_slot(ctx, k) for k in range(5))
 
-    def run_training(*args):
+    @bindable
+    def bind_training(*args):
         x3 = args[0].reshape(n, c, inner)
         stats = args[-1]
-        _channel_stats(x3, stats)
-        _bn_train_apply(x3, args[1].reshape(c), args[2].reshape(c), args[3].reshape(c), args[4].reshape(c), stats,
-                        eps, momentum, args[y_at].reshape(n, c, inner), args[rm_at] if rm_at >= 0 else dummy,
-                        args[rv_at] if rv_at >= 0 else dummy, rm_at >= 0, rv_at >= 0)
-        if sm_at >= 0:      # BatchNormInternal's saved_mean and saved_inv_std
-            _copy_stats(stats, 0, args[sm_at])
-        if si_at >= 0:
-            _inv_std(stats, eps, args[si_at])
-    return run_training
+        apply = (x3, args[1].reshape(c), args[2].reshape(c), args[3].reshape(c), args[4].reshape(c), stats,
+                 eps, momentum, args[y_at].reshape(n, c, inner), args[rm_at] if rm_at >= 0 else dummy,
+                 args[rv_at] if rv_at >= 0 else dummy, rm_at >= 0, rv_at >= 0)
+        # BatchNormInternal's saved_mean and saved_inv_std
+        saved_mean = args[sm_at] if sm_at >= 0 else None
+        saved_inv = args[si_at] if si_at >= 0 else None
+
+        def run():
+            _channel_stats(x3, stats)
+            _bn_train_apply(*apply)
+            if saved_mean is not None:
+                _copy_stats(stats, 0, saved_mean)
+            if saved_inv is not None:
+                _inv_std(stats, eps, saved_inv)
+        return run, ()
+    return bind_training
 
 
 def layer_norm(ctx):
@@ -348,12 +357,14 @@ def batch_norm_grad(ctx):
                     args[at][...] = 0
         return run_empty
 
-    def run(*args):
-        _bn_grad(args[0].reshape(n, c, inner), args[1].reshape(n, c, inner), args[2].reshape(c), args[3].reshape(c),
-                 args[4].reshape(c), args[dx_at].reshape(n, c, inner) if dx_at >= 0 else dummy_x,
-                 args[ds_at].reshape(c) if ds_at >= 0 else dummy_c, args[db_at].reshape(c) if db_at >= 0 else dummy_c,
-                 dx_at >= 0, ds_at >= 0, db_at >= 0)
-    return run
+    @bindable
+    def bind(*args):
+        outs = (args[dx_at].reshape(n, c, inner) if dx_at >= 0 else dummy_x,
+                args[ds_at].reshape(c) if ds_at >= 0 else dummy_c,
+                args[db_at].reshape(c) if db_at >= 0 else dummy_c)
+        return _bn_grad, (args[0].reshape(n, c, inner), args[1].reshape(n, c, inner), args[2].reshape(c),
+                          args[3].reshape(c), args[4].reshape(c), *outs, dx_at >= 0, ds_at >= 0, db_at >= 0)
+    return bind
 
 
 def layer_norm_grad(ctx):

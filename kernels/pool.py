@@ -1,6 +1,7 @@
 """Pooling kernels: serial jitted loops over [N*C, H, W] views (1-D pools run with H = 1); global pools over
 [N*C, spatial] views; MaxPoolGrad a scatter-add at the Indices, AveragePoolGrad the pool's adjoint with the
-same loop structure. No allocation per call."""
+same loop structure. Launchers bind once (``kernels.bindable``): the views are made when the program is built,
+so a call allocates nothing."""
 from __future__ import annotations
 
 import math
@@ -9,6 +10,7 @@ import numpy as np
 
 from edgetrain.ops.pool import max_unpool_shape, pool_geometry
 
+from . import bindable, checked
 from ._jit import jit
 
 
@@ -215,16 +217,18 @@ def max_pool(ctx):
 
     if (kh, kw, sh, sw, dh, dw, ph, pw, col_major) == (2, 2, 2, 2, 1, 1, 0, 0, 0) and \
             2 * y3[1] <= x3[1] and 2 * y3[2] <= x3[2]:
-        def run(x, y, idx=None):
+        @bindable
+        def bind_2x2(x, y, idx=None):
             want = idx is not None
-            _max_pool_2x2(x.reshape(x3), y.reshape(y3), idx.reshape(y3) if want else no_idx, want)
-        return run
+            return _max_pool_2x2, (x.reshape(x3), y.reshape(y3), idx.reshape(y3) if want else no_idx, want)
+        return bind_2x2
 
-    def run(x, y, idx=None):
+    @bindable
+    def bind(x, y, idx=None):
         want = idx is not None
-        _max_pool(x.reshape(x3), y.reshape(y3), idx.reshape(y3) if want else no_idx, want, ranges,
-                  kh, sh, sw, dh, dw, ph, pw, col_major)
-    return run
+        return _max_pool, (x.reshape(x3), y.reshape(y3), idx.reshape(y3) if want else no_idx, want, ranges,
+                           kh, sh, sw, dh, dw, ph, pw, col_major)
+    return bind
 
 
 def average_pool(ctx):
@@ -240,9 +244,10 @@ def average_pool(ctx):
     rows = _tap_counts(x3[1], y3[1], kh, sh, dh, ph, pe_h, include_pad)
     cols = _tap_counts(x3[2], y3[2], kw, sw, dw, pw, pe_w, include_pad)
 
-    def run(x, y):
-        _average_pool(x.reshape(x3), y.reshape(y3), ranges, rows, cols, kh, sh, sw, dh, ph)
-    return run
+    @bindable
+    def bind(x, y):
+        return _average_pool, (x.reshape(x3), y.reshape(y3), ranges, rows, cols, kh, sh, sw, dh, ph)
+    return bind
 
 
 def max_unpool(ctx):
@@ -250,12 +255,11 @@ def max_unpool(ctx):
     size = int(np.prod(max_unpool_shape(ctx), dtype=np.int64))
     allowed = f"an index into the {size} elements of the output"
 
-    def run(x, idx, *rest):
-        y = rest[-1]
-        bad = _max_unpool(x.reshape(-1), idx.reshape(-1), y.reshape(-1))
-        if bad >= 0:
-            raise ctx.bad_value(1, idx, bad, allowed)
-    return run
+    @bindable
+    def bind(x, idx, *rest):
+        call = (x.reshape(-1), idx.reshape(-1), rest[-1].reshape(-1))
+        return checked(_max_unpool, call, ctx, 1, idx, allowed)
+    return bind
 
 
 @jit
@@ -275,9 +279,11 @@ def lp_pool(ctx):
     x3, y3, win = _planes(ctx)
     p = float(ctx.attr("p"))
 
-    def run(x, y):
-        _lp_pool(x.reshape(x3), y.reshape(y3), win.kernel, win.strides, win.dilations, win.pads_begin, p)
-    return run
+    @bindable
+    def bind(x, y):
+        window = (win.kernel, win.strides, win.dilations, win.pads_begin)
+        return _lp_pool, (x.reshape(x3), y.reshape(y3), *window, p)
+    return bind
 
 
 @jit
@@ -362,11 +368,11 @@ def max_pool_grad(ctx):
     size = int(np.prod(x, dtype=np.int64))
     allowed = f"a flat position in dX of shape {list(x)}, in [0, {size}), or -1"
 
-    def run(dy, idx, dx):
-        bad = _max_pool_grad(dy.reshape(-1), idx.reshape(-1), dx.reshape(-1), h, w, col_major)
-        if bad >= 0:
-            raise ctx.bad_value(1, idx, bad, allowed)
-    return run
+    @bindable
+    def bind(dy, idx, dx):
+        call = (dy.reshape(-1), idx.reshape(-1), dx.reshape(-1), h, w, col_major)
+        return checked(_max_pool_grad, call, ctx, 1, idx, allowed)
+    return bind
 
 
 def average_pool_grad(ctx):
@@ -382,9 +388,10 @@ def average_pool_grad(ctx):
     counts = np.outer(_tap_counts(x3[1], y3[1], kh, sh, dh, ph, pe_h, include_pad),
                       _tap_counts(x3[2], y3[2], kw, sw, dw, pw, pe_w, include_pad))
 
-    def run(dy, dx):
-        _average_pool_grad(dy.reshape(y3), dx.reshape(x3), ranges, counts, kh, sh, sw, dh, ph)
-    return run
+    @bindable
+    def bind(dy, dx):
+        return _average_pool_grad, (dy.reshape(y3), dx.reshape(x3), ranges, counts, kh, sh, sw, dh, ph)
+    return bind
 
 
 def _global(kernel, ctx):
@@ -392,13 +399,15 @@ def _global(kernel, ctx):
     nc = x[0] * x[1]
     rows = (nc, int(np.prod(x[2:], dtype=np.int64)))
 
-    def run(x, y):
-        kernel(x.reshape(rows), y.reshape(nc))
-    return run
+    @bindable
+    def bind(x, y):
+        return kernel, (x.reshape(rows), y.reshape(nc))
+    return bind
 
 
+@bindable
 def _fill_nan(x, y):
-    y.fill(np.nan)
+    return y.fill, (np.nan,)
 
 
 def global_average_pool(ctx):

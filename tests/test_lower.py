@@ -80,3 +80,21 @@ def test_inference_batch_norm_fuses_with_its_activation(shape):
     assert not any("BatchNormalization" in s for s in steps), steps
     assert any(s.startswith("fused:") and s.endswith("Sub+Mul+Add+Clip") for s in steps), steps
     np.testing.assert_allclose(run_edgetrain(m, feeds)[0], run_onnxruntime(m, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.arm64
+def test_pow_by_two_or_one_becomes_mul_or_a_view():
+    """Pow by a constant 2 is Mul(X, X), by 1 a view of X (the MSE loss and its gradient 2 * Pow(d, 1)); other
+    exponents, and one fed at run time, stay Pow. Special values included: the same numbers as onnxruntime."""
+    x = np.concatenate([RNG.standard_normal(20).astype(np.float32) * 3,
+                        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e20, -1e-30], np.float32)])
+    feeds = {"X": x, "E": np.array(2.0, np.float32)}
+    consts = {"two": np.array(2.0, np.float32), "one": np.array([1.0], np.float32),
+              "three": np.array(3.0, np.float32), "two_int": np.array(2, np.int64)}
+    nodes = [helper.make_node("Pow", ["X", e], [f"Y_{e}"]) for e in ("two", "one", "three", "two_int", "E")]
+    outputs = [n.output[0] for n in nodes]
+    m = model(nodes, feeds, outputs, initializers=consts)
+    ops = [op for op, _ in _plan_ops(m, feeds)]
+    assert ops.count("Pow") == 2 and ops.count("Mul") == 2, ops
+    for got, want, out in zip(run_edgetrain(m, feeds), run_onnxruntime(m, feeds), outputs):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=0, err_msg=out)

@@ -113,3 +113,29 @@ def test_a_gradient_of_a_graph_input_is_refused_naming_it(tmp_path):
     ckpt = checkpoint.load(tmp_path / "checkpoint")
     with pytest.raises(EdgetrainError, match="gradient for 'x', which is one of its inputs"):
         TrainingProgram(load_graph(tmp_path / "training_model.onnx"), ckpt.trainable | ckpt.frozen)
+
+
+BOUND_OPS = {"ConvGrad", "MaxPool", "MaxPoolGrad", "AveragePool", "AveragePoolGrad", "GlobalAveragePool",
+             "BatchNormalization", "BatchNormInternal", "BatchNormalizationGrad"}
+
+
+@pytest.mark.parametrize("name, x_shape", [("cnn", (32, 1, 28, 28)), ("mobilenet", (16, 3, 32, 32))])
+def test_conv_pool_and_batch_norm_launchers_bind(shared, name, x_shape):
+    """ConvGrad (GEMM and direct paths), the pools and BatchNormalization's training ops offer ``bind``: their
+    calls in a steady step are the bound functions on views made once."""
+    from edgetrain.runtime.program import launcher
+
+    d = shared / "ort_artifacts" / name
+    ckpt = checkpoint.load(d / "checkpoint")
+    tp = TrainingProgram(load_graph(d / "training_model.onnx"), ckpt.trainable | ckpt.frozen)
+    rng = np.random.default_rng(0)
+    batch = (rng.standard_normal(x_shape).astype(np.float32), rng.integers(0, 10, x_shape[0]))
+    tp.run(True, batch)
+    progs = [p for _, p in tp.programs()]
+    bound = [b for p in progs for s in p.plan.steps if s.kind != "fused" for b in s.nodes[:1]
+             if b.op.op_type in BOUND_OPS]
+    assert {b.op.op_type for b in bound} >= {"ConvGrad", "MaxPool" if name == "cnn" else "BatchNormInternal"}
+    assert all(hasattr(launcher(b.op.kernel)(b.ctx), "bind") for b in bound)
+    calls = [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
+    tp.run(True, batch)
+    assert calls == [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]

@@ -54,6 +54,11 @@ MUTANTS = [
            "ReluGrad passes the gradient at y == 0"),
     Mutant("bn-dbias-sign", "kernels/normalization.py", "            dbias[ch] = s_dy",
            "            dbias[ch] = -s_dy", ("tests/ops/test_normalization.py",), "BatchNorm dB negated"),
+    Mutant("conv-grad-batch-layout", "kernels/conv.py", "dy.reshape(y3).swapaxes(0, 1))]", "dy.reshape(m, n, ohw))]",
+           ("tests/ops/test_conv.py::test_conv_grad_kernel_matches_torch",),
+           "ConvGrad's batch-wide dY reshaped instead of its batch axis moved next to the pixels"),
+    Mutant("pow-square-as-double", "edgetrain/plan/lower.py", 'e.emit(node, "Mul", [x, x], [y]',
+           'e.emit(node, "Add", [x, x], [y]', ("tests/test_lower.py",), "Pow(X, 2) lowered to X + X"),
     Mutant("accumulate-overwrites", "kernels/training.py", "            np.add(buffer, value, out=buffer)",
            "            np.copyto(buffer, value)", (OPS_TRAINING,), "InPlaceAccumulatorV2 add path overwrites"),
     # --- optimizers --------------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@
 - ``BatchNormalization`` in inference mode -> its per-channel factor, then ``(X - mean) * a + B`` element-wise,
   fused with what surrounds it (the convolution's bias, the activation)
 - ``MaxPool`` of int8/uint8 -> Cast to float32, MaxPool, Cast back (exact: the kernels pool floats)
+- ``Pow`` of floats by a constant exponent 2 or 1 -> ``Mul(X, X)`` or a view of X: the same numbers without a
+  libm ``pow`` per element, which does not vectorize (the MSE loss squares, its gradient is ``2 * Pow(d, 1)``)
 - ``Dropout`` in inference mode (or with ratio 0) -> a view of its input, with an all-true mask
 - ``Transpose`` of the last two dims read only by GEMMs (``MatMul``, ``FusedMatMul``) -> gone, each reader a
   ``FusedMatMul`` with its transA/transB flag flipped: BLAS reads the operand transposed in place instead of
@@ -154,6 +156,22 @@ def _max_pool_8bit(e: _Emitter, b: Bound) -> bool:
     e.emit(node, "MaxPool", [f"{y}/x_float"], [f"{y}/float", *node.outputs[1:]],
            [TensorType(f32, ctx.out(0).shape), *ctx.out_types[1:]], dict(node.attrs), opset=ctx.opset)
     e.emit(node, "Cast", [f"{y}/float"], [y], [ctx.out(0)], {"to": to_onnx(dtype)}, opset=19)
+    return True
+
+
+def _pow_by_small_integer(e: _Emitter, b: Bound) -> bool:
+    """Pow(X, 2) -> Mul(X, X) and Pow(X, 1) -> Identity(X) for a constant scalar exponent: x * x and pow(x, 2)
+    are both the correctly rounded square (onnxruntime's Pow computes x * x for exponent 2 too)."""
+    ctx, node = b.ctx, b.node
+    p = ctx.consts[1]
+    if (p is None or p.size != 1 or ctx.type(0).dtype not in FLOATS or ctx.out(0).shape != ctx.shape(0)
+            or float(p.reshape(-1)[0]) not in (1.0, 2.0)):
+        return False
+    x, y = node.inputs[0], node.outputs[0]
+    if float(p.reshape(-1)[0]) == 1.0:
+        e.emit(node, "Identity", [x], [y], [ctx.out(0)])
+    else:
+        e.emit(node, "Mul", [x, x], [y], [ctx.out(0)], opset=14)
     return True
 
 
@@ -401,7 +419,7 @@ def _fused(core_type: str, n_inputs: int, attr_names):
 # returns False to keep the node as it is.
 RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "ConvTranspose"): _conv, ("", "Dropout"): _dropout,
          ("", "BatchNormalization"): _batch_norm_inference, ("", "CastLike"): _cast_like,
-         ("", "MaxPool"): _max_pool_8bit,
+         ("", "MaxPool"): _max_pool_8bit, ("", "Pow"): _pow_by_small_integer,
          ("", "Sum"): _variadic, ("", "Mean"): _variadic, ("", "Max"): _variadic, ("", "Min"): _variadic,
          ("", "SimplifiedLayerNormalization"): _simplified_layer_norm,
          ("", "RMSNormalization"): _simplified_layer_norm,

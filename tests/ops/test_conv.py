@@ -293,10 +293,14 @@ GRAD_KERNEL_CASES = {
     "1d_gemm_all": ((2, 3, 12), (5, 3, 3), dict(pads=[2, 0], strides=[2], dilations=[2]), "xwb"),
     "1d_direct_all": ((3, 4, 10), (8, 1, 3), dict(pads=[1, 1], group=4), "xwb"),
     "same_lower_all": ((2, 4, 9, 5), (6, 4, 2, 2), dict(auto_pad="SAME_LOWER", strides=[2, 3]), "xwb"),
-    # few pixels, many channels: dW in one GEMM over the batch (ConvGeometry.dw_in_one_gemm)
+    # few pixels, many channels (late layers); one image (dY and X are their own batch-wide GEMM operands)
     "one_gemm_all": ((3, 8, 3, 3), (6, 8, 3, 3), dict(pads=[1, 1, 1, 1]), "xwb"),
     "one_gemm_grouped_dw": ((2, 8, 2, 2), (8, 4, 3, 3), dict(pads=[1, 1, 1, 1], group=2), "w"),
     "one_gemm_pointwise_all": ((2, 16, 2, 2), (20, 16, 1, 1), {}, "xwb"),
+    "one_image_all": ((1, 3, 7, 6), (4, 3, 3, 3), dict(pads=[1, 1, 1, 1], strides=[1, 2]), "xwb"),
+    "one_image_grouped_dx": ((1, 4, 5, 5), (6, 2, 3, 3), dict(pads=[0, 1, 1, 0], group=2), "x"),
+    "one_image_pointwise_all": ((1, 8, 3, 5), (6, 8, 1, 1), {}, "xwb"),
+    "pointwise_dw": ((3, 8, 3, 5), (6, 8, 1, 1), {}, "w"),
 }
 
 
