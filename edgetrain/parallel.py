@@ -32,11 +32,11 @@ def _executor(workers: int) -> ThreadPoolExecutor:
         return _pool
 
 
-def split(n: int, work, min_each: int = 1) -> None:
-    """``work(slot, lo, hi)`` over ``[0, n)`` in up to ``slots()`` slices of at least ``min_each`` items, at
-    once: the calling thread runs slot 0. Every slice finishes before this returns; the first error raised
-    in any slice is raised here."""
-    parts = max(1, min(slots(), n // max(1, min_each)))
+def split(n: int, work, min_each: int = 1, most: int | None = None) -> None:
+    """``work(slot, lo, hi)`` over ``[0, n)`` in up to ``slots()`` (or ``most``: the scratch the caller holds)
+    slices of at least ``min_each`` items, at once: the calling thread runs slot 0. Every slice finishes
+    before this returns; the first error raised in any slice is raised here."""
+    parts = max(1, min(slots() if most is None else most, n // max(1, min_each)))
     if parts == 1:
         work(0, 0, n)
         return

@@ -23,6 +23,8 @@ from edgetrain.ops.conv import (
     conv_transpose_geometry,
 )
 
+from edgetrain import parallel
+
 from . import bindable
 from ._jit import jit
 
@@ -201,6 +203,26 @@ def tap_offsets(kernel, strides, dilations, phase_shape) -> np.ndarray:
     return ((i * dh % sh) * sw + j * dw % sw) * (hq * wq) + (i * dh // sh) * wq + j * dw // sw
 
 
+def _over_images(kernel, n: int, slots: int, args_of):
+    """``(fn, args)`` running ``kernel(*args_of(lo, hi, slot))`` over the batch's images: one call, or one per
+    slice of the batch at once on intra-op threads when the plan gave each of ``slots`` > 1 slices its own
+    scratch (``ops.conv.image_slots``)."""
+    if slots == 1:
+        return kernel, args_of(0, n, 0)
+
+    def work(slot, lo, hi):
+        kernel(*args_of(lo, hi, slot))
+    return parallel.split, (n, work, 1, slots)
+
+
+def _then(*calls):
+    """``(fn, args)`` running the ``(fn, args)`` pairs in order."""
+    def run():
+        for fn, args in calls:
+            fn(*args)
+    return run, ()
+
+
 def _add_bias(fn, args, y, bias):
     """``(fn, args)`` followed by y += bias: a Conv keeps its bias only when planning folds it (``plan.lower``
     splits it off into an element-wise Add otherwise)."""
@@ -243,11 +265,12 @@ def conv(ctx):
     if g.direct:
         @bindable
         def bind_direct(*arrays):
-            phases, acc = arrays[n_in + 1:n_in + 3]
-            offsets = tap_offsets(win.kernel, win.strides, win.dilations, phases.shape[1:])
-            return with_bias(_conv_direct, (arrays[0].reshape(x4), arrays[1].reshape(w4),
-                                            arrays[n_in].reshape(y4), phases, acc, offsets, group, sh, sw, ph, pw),
-                             arrays)
+            phases, acc = arrays[n_in + 1:n_in + 3]          # one of each per slice of the batch
+            offsets = tap_offsets(win.kernel, win.strides, win.dilations, phases.shape[2:])
+            x, wt, y = arrays[0].reshape(x4), arrays[1].reshape(w4), arrays[n_in].reshape(y4)
+            fn, args = _over_images(_conv_direct, n, phases.shape[0], lambda lo, hi, k: (
+                x[lo:hi], wt, y[lo:hi], phases[k], acc[k], offsets, group, sh, sw, ph, pw))
+            return with_bias(fn, args, arrays)
         return bind_direct
 
     ckk, ohw = g.ckk, g.ohw
@@ -266,10 +289,16 @@ def conv(ctx):
 
     @bindable
     def bind_gemm(*arrays):
-        cols, plane = arrays[n_in + 1:n_in + 3]
-        return with_bias(_im2col_matmul, (arrays[0].reshape(x4), cols, plane, kh, kw, sh, sw, dh, dw, ph, pw, oh,
-                                          ow, arrays[1].reshape(w_shape), cols.reshape(cols_shape),
-                                          arrays[n_in].reshape(y_shape)), arrays)
+        cols, planes = arrays[n_in + 1:n_in + 3]          # a padded plane per slice of the batch
+        x = arrays[0].reshape(x4)
+        if planes.shape[0] == 1:
+            return with_bias(_im2col_matmul, (x, cols, planes[0], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow,
+                                              arrays[1].reshape(w_shape), cols.reshape(cols_shape),
+                                              arrays[n_in].reshape(y_shape)), arrays)
+        im2col = _over_images(_im2col, n, planes.shape[0], lambda lo, hi, k: (
+            x[lo:hi], cols[lo:hi], planes[k], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False))
+        gemm = (np.matmul, (arrays[1].reshape(w_shape), cols.reshape(cols_shape), arrays[n_in].reshape(y_shape)))
+        return with_bias(*_then(im2col, gemm), arrays)
     return bind_gemm
 
 
@@ -495,13 +524,17 @@ def conv_grad(ctx):
             xt_g = xt.reshape(group, cgkk, cols_n).swapaxes(-1, -2)
             weight = _per_group(dyt.reshape(group, mg, cols_n), xt_g, args[4].reshape(group, mg, cgkk))
             if not pointwise:
-                im2col = (x.reshape(x4), ws["cols"].reshape(ckk, n, ohw), ws["plane"])
+                im2col = _over_images(_im2col, n, ws["plane"].shape[0], lambda lo, hi, k: (
+                    x.reshape(x4)[lo:hi], ws["cols"].reshape(ckk, n, ohw)[:, lo:hi], ws["plane"][k], *window,
+                    True))
         if want_dx:                      # W^T [dY over the batch]: dX's columns, [C*kh*kw, N*OH*OW]
             wt = w.reshape(group, mg, cgkk).swapaxes(-1, -2)
             dst = (args[3] if n == 1 else xt) if pointwise else ws["cols"]
             dx_call = _per_group(wt, dyt.reshape(group, mg, cols_n), dst.reshape(group, cgkk, cols_n))
             if not pointwise:
-                col2im = (ws["cols"].reshape(ckk, n, ohw), args[3].reshape(x4), ws["plane"])
+                col2im = _over_images(_col2im_rows, n, ws["plane"].shape[0], lambda lo, hi, k: (
+                    ws["cols"].reshape(ckk, n, ohw)[:, lo:hi], args[3].reshape(x4)[lo:hi], ws["plane"][k],
+                    *window))
         if want_db:
             bias = (dy.reshape(y3), args[5])
 
@@ -510,7 +543,7 @@ def conv_grad(ctx):
                 np.copyto(dst, src)
             if weight is not None:
                 if im2col is not None:
-                    _im2col(*im2col, *window, True)
+                    im2col[0](*im2col[1])
                 for a, b, out in weight:
                     np.matmul(a, b, out=out)
             if bias is not None:
@@ -519,7 +552,7 @@ def conv_grad(ctx):
                 for a, b, out in dx_call:
                     np.matmul(a, b, out=out)
                 if col2im is not None:
-                    _col2im_rows(*col2im, *window)
+                    col2im[0](*col2im[1])
                 for dst, src in back:
                     np.copyto(dst, src)
         return run, ()

@@ -67,7 +67,7 @@ def test_fused_loops_split_over_threads_give_the_same_bits(monkeypatch, shape):
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     calls = []
     real = parallel.split
-    monkeypatch.setattr(parallel, "split", lambda n, work, m=1: (calls.append(n), real(n, work, m)))
+    monkeypatch.setattr(parallel, "split", lambda n, work, *rest: (calls.append(n), real(n, work, *rest)))
     out = {}
     for threads in ("1", "2"):
         monkeypatch.setenv("EDGETRAIN_NUM_THREADS", threads)
@@ -75,3 +75,56 @@ def test_fused_loops_split_over_threads_give_the_same_bits(monkeypatch, shape):
     np.testing.assert_array_equal(out["1"], out["2"])
     want = np.prod(shape) >= program.SPLIT_ELEMENTS
     assert bool(calls) == bool(want)
+
+
+def _conv_training(tmp_path, group):
+    """Artifacts of x[4, 8, 20, 20] -> Conv 3x3 (stride 2 when depthwise) -> Relu -> mean -> MSE."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgetrain import artifacts
+    rng = np.random.default_rng(group)
+    c_w = 8 // group
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=group,
+                              strides=[2, 2] if group > 1 else [1, 1]),
+             helper.make_node("Relu", ["y"], ["r"]),
+             helper.make_node("ReduceMean", ["r"], ["out"], axes=[2, 3], keepdims=0)]
+    g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8, 20, 20])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [4, 8])],
+                          [numpy_helper.from_array(rng.standard_normal((8, c_w, 3, 3)).astype(np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    artifacts.generate_artifacts(m, requires_grad=["w"], loss=artifacts.LossType.MSELoss,
+                                 optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path)
+    return rng.standard_normal((4, 8, 20, 20)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
+
+
+@pytest.mark.parametrize("group", [1, 8])
+def test_conv_and_its_gradient_split_over_threads_agree(monkeypatch, tmp_path, group):
+    """Conv (im2col + GEMM, and depthwise direct) and ConvGrad's im2col/col2im split over the batch at 2
+    threads: the same loss and gradient as at 1 thread (within BLAS's own threading), and the split ran."""
+    import numpy as np
+
+    from edgetrain.api import CheckpointState, Module, Optimizer
+    from edgetrain.ops import conv
+    monkeypatch.setattr(conv, "SPLIT_WORK", 1)       # the test model is small: split anyway
+    x, y = _conv_training(tmp_path, group)
+    calls = []
+    real = parallel.split
+    monkeypatch.setattr(parallel, "split", lambda n, work, *rest: (calls.append(n), real(n, work, *rest)))
+    got = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("EDGETRAIN_NUM_THREADS", threads)
+        calls.clear()
+        module = Module(tmp_path / "training_model.onnx", CheckpointState.load_checkpoint(tmp_path / "checkpoint"))
+        optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+        optimizer.set_learning_rate(1.0)         # w - gradient: the parameters after the step show dW
+        module.train()
+        loss = float(module(x, y))
+        before = module.get_contiguous_parameters(trainable_only=True).numpy().copy()
+        optimizer.step()
+        grad = before - module.get_contiguous_parameters(trainable_only=True).numpy()
+        assert np.abs(grad).max() > 1e-3
+        got[threads] = (loss, grad)
+        assert (len(calls) >= (2 if group == 1 else 1)) == (threads == "2"), calls
+    np.testing.assert_allclose(got["2"][0], got["1"][0], rtol=1e-6)
+    np.testing.assert_allclose(got["2"][1], got["1"][1], rtol=1e-5, atol=1e-7)

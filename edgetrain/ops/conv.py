@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import config
 from ..ir import TensorType
 from .attrs import REQUIRED, Int, Ints, String
 from .base import NodeContext, OpDef
@@ -203,21 +204,33 @@ def _conv(ctx: NodeContext):
     return [TensorType(ctx.type(0).dtype, (g.n, g.m) + tuple(out))]
 
 
+SPLIT_WORK = 1 << 18     # multiply-adds of a conv call worth splitting over intra-op threads (a hand-off ~20 us)
+
+
+def image_slots(g: ConvGeometry) -> int:
+    """How many slices of the batch a conv call runs at once (``edgetrain.parallel``): each needs its own
+    scratch plane, so the workspace holds one per slice."""
+    work = g.n * g.m * g.ohw * g.ckk // max(1, g.group)
+    return max(1, min(config.num_threads(), g.n)) if work >= SPLIT_WORK else 1
+
+
 def conv_workspace(ctx: NodeContext):
     """Scratch of ``kernels.conv.conv``: the im2col matrix of the whole batch and a zero-padded input plane
     (GEMM path); the padded plane split into its stride phases, [sh * sw, ceil(hp / sh), ceil(wp / sw)], and
-    one output plane on the phases' width (direct path); nothing for a pointwise conv."""
+    one output plane on the phases' width (direct path); nothing for a pointwise conv. The planes come once
+    per slice of the batch that runs at once (``image_slots``, leading axis)."""
     g = conv_geometry(ctx)
     if g.pointwise and not g.direct:
         return []
     dtype = ctx.type(0).dtype
     w = g.window
     padded = (g.in_hw[0] + w.pads_begin[0] + w.pads_end[0], g.in_hw[1] + w.pads_begin[1] + w.pads_end[1])
+    slots = image_slots(g)
     if g.direct:
         (sh, sw), oh = w.strides, w.out[0]
         phase = (-(-padded[0] // sh), -(-padded[1] // sw))
-        return [TensorType(dtype, (sh * sw,) + phase), TensorType(dtype, (oh * phase[1],))]
-    return [TensorType(dtype, (g.n, g.ckk, g.ohw)), TensorType(dtype, padded)]
+        return [TensorType(dtype, (slots, sh * sw) + phase), TensorType(dtype, (slots, oh * phase[1]))]
+    return [TensorType(dtype, (g.n, g.ckk, g.ohw)), TensorType(dtype, (slots,) + padded)]
 
 
 # --- gradient ---------------------------------------------------------------------------------------------
@@ -266,6 +279,7 @@ def conv_grad_layout(ctx: NodeContext) -> dict[str, TensorType]:
     plane = TensorType(dtype, padded)
     if g.direct:
         return {"plane": plane, "dx_plane": plane, "dy_row": TensorType(dtype, (w.out[0] * padded[1],))}
+    plane = TensorType(dtype, (image_slots(g),) + padded)        # one per slice of the batch run at once
     ws = {}
     columns = g.n * g.ohw
     if not g.pointwise and (want_dx or want_dw):

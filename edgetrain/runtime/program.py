@@ -119,7 +119,7 @@ class Program:
         def work(slot, lo, hi):
             fn(*[a[lo:hi] if cut else a for a, cut in zip(args, sliced)], *per_slot[slot])
         rows = max(1, SPLIT_ELEMENTS // max(1, size // n0) // 2)
-        return parallel.split, (n0, work, rows)
+        return parallel.split, (n0, work, rows, len(per_slot))
 
     def _scratch(self, dtype, row: int) -> np.ndarray:
         """Row ``row`` of this program's scratch rows for ``dtype`` (fixed size, shared by its in-place kernels)."""
