@@ -17,9 +17,10 @@ def bindable(bind):
 
 
 def direct(fn, args: tuple):
-    """What ``fn(*args)`` runs, callable without a dispatcher choosing it again: for a Numba dispatcher, the entry
-    point it compiled (or loaded) for exactly these argument types; for a kernel of the warm set or the trimmed
-    build (``_aot.AotKernel``), the export that takes them; else ``fn`` (not compiled yet, or no kernel).
+    """What ``fn(*args)`` runs, callable without a dispatcher choosing it again: for a Numba dispatcher, the
+    entry point it compiled (or loaded) for exactly these argument types; for a kernel of the warm set or the
+    trimmed build (``_aot.AotKernel``), the export that takes them; else ``fn`` (not compiled yet, or no
+    kernel).
 
     Numba's dispatcher types every argument of every call (~0.1-0.2 us an array), which is most of a small
     kernel's cost. Only for arguments bound once whose types never change: a program's arena views, constants
@@ -36,8 +37,8 @@ def direct(fn, args: tuple):
 
 def checked(kernel, call, ctx, input_index: int, values, allowed: str):
     """``(fn, ())`` running ``kernel(*call)``, which returns -1 or the flat position of the first value of input
-    ``input_index`` outside what ``allowed`` says; that one is refused, naming the node, tensor and value. From
-    the second call on ``kernel`` is called ``direct``."""
+    ``input_index`` outside what ``allowed`` says; that one is refused, naming the node, tensor and value.
+    From the second call on ``kernel`` is called ``direct``."""
     chosen = [kernel]
 
     def run():

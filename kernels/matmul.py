@@ -6,10 +6,10 @@ Arena arrays are C-contiguous, so the flattening is a view.
 
 Tiny GEMMs (2-D, alpha 1, not both transposed) run as Numba loops instead: there numpy's fixed cost per call
 (ufunc dispatch, BLAS setup: ~2 us) is most of the time, and a loop over L1-resident operands costs less (the
-digits MLP's 32x64 @ 64x32). Each loop walks contiguous rows: a @ b^T takes dot products of rows (inner dimension
-k; up to m*n*k = ``SMALL_GEMM``), op(a) @ b adds rows of b (inner dimension n, stored back each step: up to
-``SMALL_AXPY``). The limits are where the loops stopped beating numpy on this x86 (AVX-512) in alternating
-measurements. Sums run in another order than BLAS's, within the same rounding error.
+digits MLP's 32x64 @ 64x32). Each loop walks contiguous rows: a @ b^T takes dot products of rows (inner
+dimension k; up to m*n*k = ``SMALL_GEMM``), op(a) @ b adds rows of b (inner dimension n, stored back each
+step: up to ``SMALL_AXPY``). The limits are where the loops stopped beating numpy on this x86 (AVX-512) in
+alternating measurements. Sums run in another order than BLAS's, within the same rounding error.
 """
 import numpy as np
 

@@ -97,7 +97,8 @@ def test_launchers_are_bound_once(shared):
     tp.run(True, _batch(2))      # each of the step's two programs has run once
     calls = [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
     assert views == [[ids for _, ids in c] for c in calls]
-    assert any(type(fn).__name__ == "builtin_function_or_method" for c in calls for fn, _ in c)   # entry points
+    entry_points = [fn for c in calls for fn, _ in c if type(fn).__name__ == "builtin_function_or_method"]
+    assert entry_points
     tp.run(True, _batch(3))
     assert calls == [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
 

@@ -3,9 +3,9 @@
 Binding happens once, when the program is made for its input shapes: every call becomes ``(fn, args)`` with
 its arena views already made (a launcher that offers ``bind``, ``kernels.bindable``, also reshapes and decides
 what the shapes fix there). ``run`` copies the feeds into their arena slots and then is one flat loop of calls;
-it allocates nothing. Outputs are views into the arena (or constants), valid until the next run. Once a run has
-compiled every kernel, each jitted call is replaced by the code its fixed arguments select (``kernels.direct``),
-so later runs skip Numba's type dispatch.
+it allocates nothing. Outputs are views into the arena (or constants), valid until the next run. Once a run
+has compiled every kernel, each jitted call is replaced by the code its fixed arguments select
+(``kernels.direct``), so later runs skip Numba's type dispatch.
 """
 from __future__ import annotations
 

@@ -152,8 +152,8 @@ def test_fused_matmul(sa, sb, trans_a, trans_b, alpha):
 ])
 def test_small_gemm_loops_and_blas(monkeypatch, path, dtype, m, k, n, trans_a, trans_b):
     """Tiny GEMMs run as Numba loops (kernels.matmul.SMALL_GEMM, SMALL_AXPY), the others through BLAS: both
-    against numpy in float64, each layout (transA/transB), and the loop taken where it should be (both transposed: BLAS; an
-    empty K: the loop writes the zeros)."""
+    against numpy in float64, each layout (transA/transB), and the loop taken where it should be (both
+    transposed: BLAS; an empty K: the loop writes the zeros)."""
     from edgetrain.kernels import matmul as kernels
 
     threshold = 1 << 16 if path == "loop" else 0
