@@ -16,11 +16,35 @@ def bindable(bind):
     return run
 
 
+def direct(fn, args: tuple):
+    """What ``fn(*args)`` runs, callable without a dispatcher choosing it again: for a Numba dispatcher, the
+    entry point it compiled (or loaded) for exactly these argument types; for a kernel of the warm set or the
+    trimmed build (``_aot.AotKernel``), the export that takes them; else ``fn`` (not compiled yet, or no
+    kernel).
+
+    Numba's dispatcher types every argument of every call (~0.1-0.2 us an array), which is most of a small
+    kernel's cost. Only for arguments bound once whose types never change: a program's arena views, constants
+    and external arrays (updated in place, never rebound)."""
+    resolve = getattr(fn, "resolve", None)
+    if resolve is not None:
+        fn = resolve(args)
+    overloads = getattr(fn, "overloads", None)
+    if not overloads:
+        return fn
+    cres = overloads.get(tuple(fn.typeof_pyval(a) for a in args))
+    return fn if cres is None or cres.objectmode else cres.entry_point
+
+
 def checked(kernel, call, ctx, input_index: int, values, allowed: str):
     """``(fn, ())`` running ``kernel(*call)``, which returns -1 or the flat position of the first value of input
-    ``input_index`` outside what ``allowed`` says; that one is refused, naming the node, tensor and value."""
+    ``input_index`` outside what ``allowed`` says; that one is refused, naming the node, tensor and value.
+    From the second call on ``kernel`` is called ``direct``."""
+    chosen = [kernel]
+
     def run():
-        bad = kernel(*call)
+        bad = chosen[0](*call)
         if bad >= 0:
             raise ctx.bad_value(input_index, values, bad, allowed)
+        if chosen[0] is kernel:
+            chosen[0] = direct(kernel, call)
     return run, ()

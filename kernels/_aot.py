@@ -116,6 +116,15 @@ class AotKernel:
             self._last = (args, fn)
         return fn(*args)
 
+    def resolve(self, args: tuple):
+        """The export (or fallback) that takes ``args``, for a caller that calls it with them every time
+        (``kernels.direct``)."""
+        key = tuple([_key(a) for a in args])
+        fn = self._chosen.get(key)
+        if fn is None:
+            fn = self._chosen[key] = self._choose(key)
+        return fn
+
     def _choose(self, key: tuple):
         for exact in (True, False):
             for name, keys in self._exports:

@@ -1,12 +1,23 @@
-"""GEMM (and Det) through numpy's BLAS/LAPACK with ``out=`` (2.5-9x faster than hand loops, NUMBA_NOTES §4); no Numba here.
+"""GEMM (and Det) through numpy's BLAS/LAPACK with ``out=`` (2.5-9x faster than hand loops, NUMBA_NOTES §4).
 
 An N-D operand times a 2-D one is one GEMM over the flattened leading dims: numpy's matmul would make one BLAS
 call per leading index (32 calls of [8, 64] @ [64, 192] for the transformer's input projection, 2-4x slower).
 Arena arrays are C-contiguous, so the flattening is a view.
+
+Tiny GEMMs (2-D, alpha 1, not both transposed) run as Numba loops instead: there numpy's fixed cost per call
+(ufunc dispatch, BLAS setup: ~2 us) is most of the time, and a loop over L1-resident operands costs less (the
+digits MLP's 32x64 @ 64x32). Each loop walks contiguous rows: a @ b^T takes dot products of rows (inner
+dimension k; up to m*n*k = ``SMALL_GEMM``), op(a) @ b adds rows of b (inner dimension n, stored back each
+step: up to ``SMALL_AXPY``). The limits are where the loops stopped beating numpy on this x86 (AVX-512) in
+alternating measurements. Sums run in another order than BLAS's, within the same rounding error.
 """
 import numpy as np
 
 from . import bindable
+from ._jit import jit
+
+SMALL_GEMM = 1 << 16      # m*n*k at or below which a @ b^T runs as a Numba loop
+SMALL_AXPY = 3 << 12      # ... and op(a) @ b
 
 
 def _flattens(ctx, trans_a: int = 0) -> bool:
@@ -45,12 +56,89 @@ def fused_matmul(ctx):
         # transA / transB swap the last two dims; a 1-D operand has nothing to swap (as the shape rule says)
         if flatten:
             a, y = a.reshape(rows, k), y.reshape(rows, y.shape[-1])
+        small = _small_gemm(a, b, y, trans_a, trans_b) if alpha == 1.0 else None
+        if small is not None:
+            return small
         args = (a.swapaxes(-1, -2) if trans_a and a.ndim >= 2 else a,
                 b.swapaxes(-1, -2) if trans_b and b.ndim >= 2 else b, y)
         if alpha == 1.0:
             return np.matmul, args                       # ufunc: the third is out
         return _scaled_matmul, args + (y.dtype.type(alpha),)
     return bind
+
+
+def _small_gemm(a, b, y, trans_a: int, trans_b: int):
+    """``(loop, args)`` for y = op(a) @ op(b) as a Numba loop when it is tiny (a, b as stored, C-contiguous,
+    2-D, one float type, y apart from both), else None: BLAS."""
+    if not (a.ndim == b.ndim == y.ndim == 2) or (trans_a and trans_b):
+        return None
+    m, n = y.shape
+    limit = SMALL_GEMM if trans_b else SMALL_AXPY
+    if m * n * a.shape[1 - trans_a] > limit or not a.dtype == b.dtype == y.dtype:
+        return None
+    if a.dtype not in (np.float32, np.float64) or not (a.flags.c_contiguous and b.flags.c_contiguous
+                                                        and y.flags.c_contiguous and y.flags.writeable):
+        return None
+    if np.may_share_memory(y, a) or np.may_share_memory(y, b):
+        return None
+    if trans_b:
+        return _gemm_nt, (a, b, y, y.dtype.type(0))
+    return (_gemm_tn if trans_a else _gemm_nn), (a, b, y)
+
+
+@jit(fastmath=True)
+def _gemm_nn(a, b, y):
+    """y = a @ b; a [m, k], b [k, n]: row i of y adds a[i, p] * row p of b, p in order."""
+    m, n = y.shape
+    for i in range(m):
+        for j in range(n):
+            y[i, j] = 0.0
+        for p in range(b.shape[0]):
+            aip = a[i, p]
+            for j in range(n):
+                y[i, j] += aip * b[p, j]
+
+
+@jit(fastmath=True)
+def _gemm_tn(a, b, y):
+    """y = a^T @ b; a [k, m], b [k, n]: for each p in order, row i of y adds a[p, i] * row p of b."""
+    m, n = y.shape
+    for i in range(m):
+        for j in range(n):
+            y[i, j] = 0.0
+    for p in range(b.shape[0]):
+        for i in range(m):
+            api = a[p, i]
+            for j in range(n):
+                y[i, j] += api * b[p, j]
+
+
+@jit(fastmath=True)
+def _gemm_nt(a, b, y, zero):
+    """y = a @ b^T; a [m, k], b [n, k]: dot products of rows, four columns of y at a time (each row of a read
+    once per four rows of b); sums in a's type, from ``zero`` of it."""
+    m, n = y.shape
+    k = a.shape[1]
+    for i in range(m):
+        j = 0
+        while j + 4 <= n:
+            s0 = s1 = s2 = s3 = zero
+            for p in range(k):
+                ap = a[i, p]
+                s0 += ap * b[j, p]
+                s1 += ap * b[j + 1, p]
+                s2 += ap * b[j + 2, p]
+                s3 += ap * b[j + 3, p]
+            y[i, j] = s0
+            y[i, j + 1] = s1
+            y[i, j + 2] = s2
+            y[i, j + 3] = s3
+            j += 4
+        for jj in range(j, n):
+            s = zero
+            for p in range(k):
+                s += a[i, p] * b[jj, p]
+            y[i, jj] = s
 
 
 def _scaled_matmul(a, b, y, alpha):

@@ -16,7 +16,7 @@ import numpy as np
 
 from edgetrain.errors import InputError
 
-from . import bindable
+from . import bindable, direct
 from ._jit import jit
 
 
@@ -79,6 +79,7 @@ def adamw(ctx):
         updated, step = args[n_in], args[1]
         call = (args[2], args[3], args[4], args[5], args[0], step, consts, scratch, mode, correct_bias)
         copies = _output_copies(args, n_in, (2, 4, 5))
+        update = [_adamw]       # direct once compiled: the first update compiles or loads it
 
         def run():
             if signal is not None and not signal[0]:
@@ -88,7 +89,9 @@ def adamw(ctx):
                     raise InputError(f"{ctx.node}: step is {int(step[0])}; it must be the 1-based number of this "
                                      "update (steps taken + 1, as onnxruntime feeds it): bias correction divides "
                                      "by 1 - beta1^step")
-                _adamw(*call)
+                update[0](*call)
+                if update[0] is _adamw:
+                    update[0] = direct(_adamw, call)
                 updated[0] = True
             for out, src in copies:
                 np.copyto(out, src)

@@ -87,13 +87,19 @@ def test_the_optimizer_step_counts_and_reads_its_learning_rate(shared):
 
 def test_launchers_are_bound_once(shared):
     """Every launcher that offers ``bind`` (kernels.bindable) was bound when the program was made: a steady step
-    calls the bound functions on the same views, never a launcher that would reshape per call."""
+    calls the bound functions on the same views, never a launcher that would reshape per call. After its first
+    run a program calls its kernels' compiled entry points (kernels.direct), and those stay."""
     _, tp = _digits(shared)
     tp.run(True, _batch(1))
     progs = [p for _, p in tp.programs()]
-    calls = [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
+    views = [[tuple(map(id, args)) for _, args in p.calls] for p in progs]
     assert all(not hasattr(fn, "bind") for p in progs for fn, _ in p.calls)
-    tp.run(True, _batch(2))
+    tp.run(True, _batch(2))      # each of the step's two programs has run once
+    calls = [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
+    assert views == [[ids for _, ids in c] for c in calls]
+    entry_points = [fn for c in calls for fn, _ in c if type(fn).__name__ == "builtin_function_or_method"]
+    assert entry_points
+    tp.run(True, _batch(3))
     assert calls == [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
 
 

@@ -3,7 +3,9 @@
 Binding happens once, when the program is made for its input shapes: every call becomes ``(fn, args)`` with
 its arena views already made (a launcher that offers ``bind``, ``kernels.bindable``, also reshapes and decides
 what the shapes fix there). ``run`` copies the feeds into their arena slots and then is one flat loop of calls;
-it allocates nothing. Outputs are views into the arena (or constants), valid until the next run.
+it allocates nothing. Outputs are views into the arena (or constants), valid until the next run. Once a run
+has compiled every kernel, each jitted call is replaced by the code its fixed arguments select
+(``kernels.direct``), so later runs skip Numba's type dispatch.
 """
 from __future__ import annotations
 
@@ -101,6 +103,7 @@ class Program:
                         else self.values[name] for name in spec.output_names]
         self._narrowed = [(out, self.values[name]) for out, name in zip(self.outputs, spec.output_names)
                           if name in spec.declared]
+        self._direct = False
 
     def _split_fused(self, fn, args: list, k, out_dtypes: list):
         """With intra-op threads, a large fused loop runs as one call per slice of its outermost dim (inputs
@@ -131,12 +134,20 @@ class Program:
     def _view(self, offset: int, t) -> np.ndarray:
         return self.arena[offset:offset + t.nbytes].view(t.dtype).reshape(t.shape)
 
+    def _go_direct(self) -> None:
+        from ..kernels import direct     # the kernels package configures Numba: imported where kernels run
+
+        self.calls = [(direct(fn, args), args) for fn, args in self.calls]
+        self._direct = True
+
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """``inputs``: one array per ``plan.fed_inputs``; returns views valid until the next run."""
         for slot, x in zip(self.input_slots, inputs):
             np.copyto(slot, x)
         for fn, args in self.calls:
             fn(*args)
+        if not self._direct:
+            self._go_direct()
         for out, wide in self._narrowed:
             np.copyto(out, wide, casting="unsafe")
         return self.outputs

@@ -144,6 +144,32 @@ def test_fused_matmul(sa, sb, trans_a, trans_b, alpha):
         np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("path", ["loop", "blas"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m, k, n, trans_a, trans_b", [
+    (32, 64, 32, 0, 1), (32, 32, 10, 0, 1), (32, 10, 32, 0, 0), (10, 32, 32, 1, 0), (7, 5, 3, 0, 1),
+    (5, 9, 6, 1, 0), (6, 1, 7, 0, 0), (3, 0, 4, 0, 1), (5, 3, 2, 1, 1), (2, 3, 4, 0, 0),
+])
+def test_small_gemm_loops_and_blas(monkeypatch, path, dtype, m, k, n, trans_a, trans_b):
+    """Tiny GEMMs run as Numba loops (kernels.matmul.SMALL_GEMM, SMALL_AXPY), the others through BLAS: both
+    against numpy in float64, each layout (transA/transB), and the loop taken where it should be (both
+    transposed: BLAS; an empty K: the loop writes the zeros)."""
+    from edgetrain.kernels import matmul as kernels
+
+    threshold = 1 << 16 if path == "loop" else 0
+    monkeypatch.setattr(kernels, "SMALL_GEMM", threshold)
+    monkeypatch.setattr(kernels, "SMALL_AXPY", threshold)
+    a = rand((k, m) if trans_a else (m, k), dtype, "a")
+    b = rand((n, k) if trans_b else (k, n), dtype, "b")
+    node = helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", transA=trans_a,
+                            transB=trans_b)
+    sess = edgetrain.InferenceSession(model(node, {"a": a, "b": b}, ["y"]).SerializeToString())
+    ours = sess.run(None, {"a": a, "b": b})[0]
+    np.testing.assert_allclose(ours, fused_oracle(a, b, trans_a, trans_b, 1.0), rtol=1e-5, atol=1e-5)
+    fn = sess.program({"a": a, "b": b}).calls[0][0]
+    assert (fn is not np.matmul) == (m * n * k <= threshold and not (trans_a and trans_b))
+
+
 # --- shape-rule errors -------------------------------------------------------------------------------------
 
 def _plan_error(node, feeds):
