@@ -11,7 +11,6 @@ imports Numba then and compiles as in a cold process. ``EDGETRAIN_NO_AOT=1`` swi
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 from contextlib import contextmanager
 
@@ -37,7 +36,6 @@ _LISTENERS: list = []        # open compile_listener contexts: (on_start, on_end
 _THREADS: list[int] = []     # the last set_num_threads while Numba was not loaded
 _WARM = _warm.find()
 numba = None                 # the numba module, once loaded
-log = logging.getLogger("edgetrain.warm")
 
 
 def load_numba():
@@ -89,7 +87,8 @@ class WarmKernel(AotKernel):
         return self._dispatcher
 
     def _jit(self, key: tuple):
-        log.info("edgetrain: %s: not in the warm kernel set, compiling with Numba", self.describe(key))
+        _warm.logger().info("edgetrain: %s: not in the warm kernel set, compiling with Numba",
+                            self.describe(key))
         return self.dispatcher
 
 
