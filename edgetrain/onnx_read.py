@@ -10,9 +10,9 @@ than every supported onnx defines, an ORT-format file, or bytes that do not pars
 hands the file to ``onnx_io``, so every such case, errors included, behaves as it did.
 
 The bytes are hostile until checked: every length is checked against the message it lies in before it is
-used, tensors' byte counts must equal their dims' product times the element size (arrays are views of the
-bytes read, so nothing is allocated from a declared size), and nested messages are decoded by fixed functions
-of bounded depth (no recursion driven by the file). ``EDGETRAIN_NO_WIRE_READER=1`` switches the reader off.
+used, tensors' byte counts must equal their dims' product times the element size before they are copied out
+of the file's bytes (nothing is allocated from a declared size), and nested messages are decoded by fixed
+functions of bounded depth (no recursion driven by the file). ``EDGETRAIN_NO_WIRE_READER=1`` switches the reader off.
 """
 from __future__ import annotations
 
@@ -202,15 +202,16 @@ def _tensor(t: _Msg, what: str) -> np.ndarray:
     if t.has(T_SEGMENT) or t.has(T_EXTERNAL) or t.int(T_LOCATION):
         raise NeedsOnnx(f"{what} is segmented or stored outside the file")
     dims = t.ints(T_DIMS)
-    if any(d < 0 for d in dims):
-        raise NeedsOnnx(f"{what} has a negative dim")
+    if any(d < 0 for d in dims) or len(dims) > 64:      # numpy's limit on dims
+        raise NeedsOnnx(f"{what} has a negative dim or more than 64")
     count = math.prod(dims)
     raw = t._last(T_RAW, _LEN)
     if raw is not None:
         if raw[1] - raw[0] != count * dtype.itemsize:
             raise NeedsOnnx(f"{what}'s raw data does not fill its dims")
-        array = np.frombuffer(t.buf, dtype.newbyteorder("<"), count, raw[0])
-        return array.astype(dtype, copy=False).reshape(dims)
+        # a copy: a view at the tensor's offset in the file may be misaligned, which BLAS answers with a copy per
+        # call and Numba with another specialization; the file's buffer is then freed, as onnx's parse is
+        return np.frombuffer(t.buf, dtype.newbyteorder("<"), count, raw[0]).astype(dtype).reshape(dims)
     typed = [f for f in t.fields if f in (*_TYPED_FIELDS, T_INT32, T_STRING, T_INT64, T_UINT64)]
     if not typed:
         if count:
@@ -325,8 +326,6 @@ def read(data, where: str = "<bytes>") -> Graph:
     """The IR graph of ONNX model bytes, equal to ``onnx_io.to_graph``'s, or ``NeedsOnnx`` saying why this
     model needs onnx_io."""
     buf = memoryview(data).cast("B")
-    if buf.readonly:                     # tensors are writable views of the bytes, as compact's are
-        buf = memoryview(bytearray(buf))
     if not len(buf):
         raise NeedsOnnx("empty")
     if bytes(buf[4:8]) == FILE_IDENTIFIER:
