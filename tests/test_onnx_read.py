@@ -18,31 +18,31 @@ from edgetrain.errors import EdgetrainError
 from edgetrain.onnx_io import to_graph
 
 
-def _same_value(a, b, where):
+def _same_value(a, b, where, ours=True):
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray), where
         assert (a.dtype, a.shape) == (b.dtype, b.shape), where
         # aligned and writable, as onnx's copies are: a misaligned view of the file costs BLAS a copy per call
-        assert a.flags.aligned and a.flags.writeable and a.flags.c_contiguous, where
+        assert not ours or (a.flags.aligned and a.flags.writeable and a.flags.c_contiguous), where
         np.testing.assert_array_equal(a, b, err_msg=where)
     else:
         assert type(a) is type(b) and a == b, (where, a, b)
 
 
-def assert_same_graph(got, want):
+def assert_same_graph(got, want, ours=True):
     assert (got.name, got.opsets) == (want.name, want.opsets)
     assert [(v.name, v.type) for v in got.inputs] == [(v.name, v.type) for v in want.inputs]
     assert [(v.name, v.type) for v in got.outputs] == [(v.name, v.type) for v in want.outputs]
     assert got.value_types == want.value_types
     assert list(got.initializers) == list(want.initializers)
     for name, a in want.initializers.items():
-        _same_value(got.initializers[name], a, f"initializer {name}")
+        _same_value(got.initializers[name], a, f"initializer {name}", ours)
     assert len(got.nodes) == len(want.nodes)
     for m, n in zip(got.nodes, want.nodes):
         assert (m.op_type, m.domain, m.name, m.inputs, m.outputs) == (n.op_type, n.domain, n.name, n.inputs, n.outputs)
         assert list(m.attrs) == list(n.attrs), n.name
         for k in n.attrs:
-            _same_value(m.attrs[k], n.attrs[k], f"{n.name}.{k}")
+            _same_value(m.attrs[k], n.attrs[k], f"{n.name}.{k}", ours)
 
 
 def _model_files(shared):
@@ -151,7 +151,7 @@ def test_what_it_leaves_to_onnx_io(shared, tmp_path):
     for why, model in cases.items():
         with pytest.raises(onnx_read.NeedsOnnx, match=why):
             onnx_read.read(model.SerializeToString())
-        assert_same_graph(compact.load_graph(model.SerializeToString()), to_graph(model))
+        assert_same_graph(compact.load_graph(model.SerializeToString()), to_graph(model), ours=False)
     ort_file = next(shared.glob("ort_artifacts/*/*.ort"), None) if (shared / "ort_artifacts").exists() else None
     if ort_file is not None:
         with pytest.raises(onnx_read.NeedsOnnx, match="ORT-format"):
@@ -161,7 +161,7 @@ def test_what_it_leaves_to_onnx_io(shared, tmp_path):
               location="ext.bin", size_threshold=0)
     with pytest.raises(onnx_read.NeedsOnnx, match="outside the file"):
         onnx_read.read((tmp_path / "ext.onnx").read_bytes())
-    assert_same_graph(compact.load_graph(tmp_path / "ext.onnx"), to_graph(str(tmp_path / "ext.onnx")))
+    assert_same_graph(compact.load_graph(tmp_path / "ext.onnx"), to_graph(str(tmp_path / "ext.onnx")), ours=False)
 
 
 def test_hostile_bytes_raise_edgetrain_errors_only(shared):
