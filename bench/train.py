@@ -574,6 +574,10 @@ def main():
         systems = [s for s in systems if s.runtime != "torch"]
         notes.append("- torch is not installed in this Python: no torch column.")
 
+    # edgetrain's .pyc files, as pip writes them for an installed wheel (and ORT's venv has them): an editable
+    # install run with PYTHONDONTWRITEBYTECODE would compile its modules from source in every worker
+    from edgetrain.minimal_build.warm import compile_bytecode
+    compile_bytecode()
     table = {}
     with tempfile.TemporaryDirectory(prefix="edgetrain-bench-") as work:
         for model in args.models:

@@ -58,6 +58,8 @@ def main() -> int:
     cache = work / "cache"
     python = {"edgetrain": sys.executable, "ort": str(train.load_ort119().ensure())}
     inputs = {m: train.prepare(m, work / "inputs") for m in args.models}
+    from edgetrain.minimal_build.warm import compile_bytecode
+    compile_bytecode()        # as bench/train.py: the .pyc files a pip-installed package has
     cold = {}
     for m in args.models:     # fills Numba's disk cache (the jit-warm condition)
         cold[m] = run("jit-warm", m, inputs[m], python, cache, 1, 1)["first_s"]

@@ -116,7 +116,8 @@ def check(nbytes: int, max_memory: int | None, what: str) -> None:
 def checked_shape(shape, itemsize: int, what: str) -> int:
     """Bytes of a tensor of ``shape``: every dim an int >= 0 and the size within int64, else ShapeError naming
     ``what``. Exact (Python ints): a product that wraps around in int64 cannot slip through."""
-    if not all(isinstance(d, Integral) and not isinstance(d, bool) and d >= 0 for d in shape):
+    plain = all(type(d) is int and d >= 0 for d in shape)      # the common case, without the ABC checks
+    if not plain and not all(isinstance(d, Integral) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise ShapeError(f"{what} has shape {tuple(shape)}: every dim must be an integer >= 0")
     nbytes = math.prod(int(d) for d in shape) * itemsize
     if nbytes > INT64_MAX:

@@ -35,7 +35,7 @@ import struct
 
 import numpy as np
 
-from . import atomic
+from . import atomic, config, onnx_read
 from .errors import AttributeValueError, EdgetrainError, GraphError, ModelLoadError
 from .ir import Graph, Node, SequenceType, TensorType, Value
 from .ir.dtypes import ONNX_TO_NUMPY
@@ -370,15 +370,36 @@ def is_compact(uri) -> bool:
 
 
 def load_graph(uri) -> Graph:
-    """A model by content: a compact model (path or bytes) here, anything else through ``edgetrain.onnx_io``,
-    which is imported only then, so a process that loads only compact models never imports ``onnx``."""
-    if not _is_onnx_object(uri) and is_compact(uri):
-        return loads(uri) if isinstance(uri, (bytes, bytearray, memoryview)) else load(uri)
+    """A model by content: a compact model (path or bytes) here; an ONNX model that ``edgetrain.onnx_read``
+    decodes (every op in the table, raw tensors: training artifacts) without onnx; anything else through
+    ``edgetrain.onnx_io``, which is imported only then, so a process that loads only such models never imports
+    ``onnx`` or protobuf."""
+    if _is_onnx_object(uri):
+        return _onnx_io_graph(uri)
+    in_memory = isinstance(uri, (bytes, bytearray, memoryview))
+    if in_memory:
+        data = uri
+    else:
+        try:
+            data = read_regular(uri)
+        except OSError as e:
+            raise ModelLoadError(f"cannot read model file '{os.fspath(uri)}': {e.strerror or e}") from None
+    if bytes(memoryview(data)[:8]) == MAGIC:
+        return loads(data, "<bytes>" if in_memory else os.fspath(uri))
+    if not config.flag("EDGETRAIN_NO_WIRE_READER"):
+        try:
+            return onnx_read.read(data, "<bytes>" if in_memory else os.fspath(uri))
+        except onnx_read.NeedsOnnx as e:
+            return _onnx_io_graph(uri, f" ({e})")     # onnx_io reads it, or refuses it with its own error
+    return _onnx_io_graph(uri)
+
+
+def _onnx_io_graph(uri, why: str = "") -> Graph:
     try:
         from .onnx_io import to_graph
     except ImportError as e:
         where = "these bytes" if isinstance(uri, (bytes, bytearray, memoryview)) else f"'{os.fspath(uri)}'"
-        raise ModelLoadError(f"{where} is not an edgetrain compact model ({SUFFIX}), and reading it as ONNX "
+        raise ModelLoadError(f"{where} is not an edgetrain compact model ({SUFFIX}), and reading it as ONNX{why} "
                              f"needs the onnx package, which is not installed ({e}); convert the model on a "
                              "host with `edgetrain reduce`") from None
     return to_graph(os.fspath(uri) if isinstance(uri, os.PathLike) else uri)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import logging
 import os
 import platform
 import sys
@@ -32,7 +31,15 @@ from ._aot import DIGEST_EXPORT, export_name, parse_key
 MODULE_NAME = "_aot_kernels"
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 32 << 20
-log = logging.getLogger("edgetrain.warm")
+
+
+def logger():
+    """The ``edgetrain.warm`` logger; ``logging`` (~10 ms to import) is imported only when there is something to
+    say, not on every warm start."""
+    import logging
+
+    return logging.getLogger("edgetrain.warm")
+
 
 # what jitted code reads when it compiles: the kernels, the op modules and config they take constants from,
 # the generated loops' templates, and the build's per-export options
@@ -176,11 +183,11 @@ def find() -> KernelSet | None:
     try:
         found = _load(set_key)
     except Refused as e:
-        log.warning("edgetrain: ignoring the warm kernel set in %s: %s; kernels compile with Numba (run "
+        logger().warning("edgetrain: ignoring the warm kernel set in %s: %s; kernels compile with Numba (run "
                     "`edgetrain warm` again to rebuild it)", folder(set_key), e)
         return None
     except OSError as e:
-        log.warning("edgetrain: cannot read the warm kernel set in %s: %s; kernels compile with Numba",
+        logger().warning("edgetrain: cannot read the warm kernel set in %s: %s; kernels compile with Numba",
                     folder(set_key), e)
         return None
     if found is not None and config.debug():

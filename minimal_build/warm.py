@@ -76,10 +76,26 @@ def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None) -> dict:
         atomic.replace_folder(stage, _warm.folder(set_key))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+    if not compile_bytecode():
+        log("could not write the package's .pyc files (read-only install?): each process compiles its modules")
     n_sigs = sum(len(e) for e in manifest["kernels"].values())
     log(f"warm kernel set {_warm.folder(set_key)}: {len(manifest['kernels'])} kernels / {n_sigs} signatures "
         f"for {len(everything)} artifact folder(s) at batch sizes {sizes}")
     return manifest
+
+
+def compile_bytecode() -> bool:
+    """Write the .pyc files of the package's modules (kernels included), as ``pip install`` does for a wheel.
+
+    An editable install, or one made with PYTHONDONTWRITEBYTECODE set, has none, and then every process
+    compiles the ~70 modules a training step imports from source: 0.13-0.18 s of a 0.3 s warm start. Returns
+    whether every folder could be written."""
+    import compileall
+    import importlib.util
+
+    folders = {Path(importlib.util.find_spec("edgetrain").origin).parent,
+               Path(importlib.util.find_spec("edgetrain.kernels").submodule_search_locations[0])}
+    return all(compileall.compile_dir(str(f), quiet=1) for f in sorted(folders))
 
 
 def main(argv=None) -> int:

@@ -217,8 +217,9 @@ def test_export_from_a_compact_module_matches_onnxruntime(shared, tmp_path):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
-# A process where onnx and protobuf cannot be imported trains from compact files and refuses, clearly, to
-# export ONNX. Prints the losses as JSON for the parent to compare with training from the ONNX files.
+# A process where onnx and protobuf cannot be imported trains from compact files, exports ONNX (onnx_wire),
+# reads ONNX artifacts with edgetrain's own reader and refuses, clearly, a model that needs onnx. Prints the
+# losses as JSON for the parent to compare with training from the ONNX files.
 NO_ONNX = textwrap.dedent(r'''
     import importlib.abc, json, sys
 
@@ -254,8 +255,15 @@ NO_ONNX = textwrap.dedent(r'''
         onnx_file = "loaded"
     except EdgetrainError as e:
         onnx_file = str(e)
+    try:
+        import edgetrain
+        edgetrain.InferenceSession(art + "/../celu.onnx")
+        function_op = "loaded"
+    except EdgetrainError as e:
+        function_op = str(e)
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("onnx", "google", "onnxruntime"))
-    print(json.dumps({"losses": losses, "export": export, "onnx_file": onnx_file, "loaded": loaded}))
+    print(json.dumps({"losses": losses, "export": export, "onnx_file": onnx_file, "function_op": function_op,
+                      "loaded": loaded}))
 ''')
 
 
@@ -264,6 +272,10 @@ def test_training_from_compact_files_without_onnx_or_protobuf(shared, tmp_path):
     folder = shared / "ort_artifacts" / "mlp"
     compact_artifacts(folder, tmp_path / "etm")
     (tmp_path / "training_model.onnx").write_bytes((folder / "training_model.onnx").read_bytes())
+    celu = onnx.helper.make_graph([onnx.helper.make_node("Celu", ["x"], ["y"])], "g",
+                                  [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                                  [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
+    onnx.save(onnx.helper.make_model(celu, opset_imports=[onnx.helper.make_opsetid("", 17)]), tmp_path / "celu.onnx")
     script = tmp_path / "no_onnx.py"
     script.write_text(NO_ONNX)
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "etm")], check=False,
@@ -273,7 +285,11 @@ def test_training_from_compact_files_without_onnx_or_protobuf(shared, tmp_path):
     assert out["loaded"] == []
     assert out["export"] == "exported"          # written without onnx or protobuf (edgetrain.onnx_wire)
     onnx.checker.check_model(onnx.load(tmp_path / "etm" / "inference.onnx"), full_check=True)
-    assert "not an edgetrain compact model" in out["onnx_file"] and "onnx package" in out["onnx_file"]
+    # an ONNX training model loads with edgetrain's own reader (edgetrain.onnx_read); a model that needs onnx
+    # (a function op, inlined through onnx's body) is refused naming why and the package
+    assert out["onnx_file"] == "loaded"
+    assert "not an edgetrain compact model" in out["function_op"] and "onnx package" in out["function_op"]
+    assert "Celu" in out["function_op"]
 
     state = CheckpointState.load_checkpoint(folder / "checkpoint")
     module = Module(folder / "training_model.onnx", state, folder / "eval_model.onnx")

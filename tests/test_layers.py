@@ -15,7 +15,7 @@ LAYERS = [
     {"errors"},
     {"config", "budget", "reading", "ir", "ortvalue", "ortformat_schema", "ort_schemas"},
     {"atomic", "ops", "opset", "onnx_wire", "parallel"},
-    {"checkpoint", "plan"},
+    {"checkpoint", "plan", "onnx_read"},  # onnx_read: ONNX bytes -> IR without onnx (compact.load_graph)
     {"ortformat", "inline"},            # ortformat reads .ort files with checkpoint's bounds-checked flatbuffer views
     {"onnx_io"},
     {"autodiff", "compact", "kernels", "ortformat_writer"},

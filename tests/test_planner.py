@@ -89,3 +89,17 @@ def test_random_graphs_keep_invariants_fused_or_not(dag):
         for switches in (SWITCHES["planned+fused"], SWITCHES["planned"]):
             switched(mp, switches)
             check_invariants(make_plan(graph, types, [v.name for v in graph.outputs]))
+
+
+def test_checked_shape_takes_integer_dims_only():
+    """The planner's size check: plain ints (its fast path) and numpy integers pass, exactly; negative,
+    boolean, float and symbolic dims and sizes beyond int64 are refused, naming the tensor."""
+    from edgetrain.budget import checked_shape
+    from edgetrain.errors import ShapeError
+
+    assert checked_shape((2, 3, 0), 4, "t") == 0
+    assert checked_shape((2, np.int64(3)), 4, "t") == 24
+    assert checked_shape((), 8, "t") == 8
+    for bad in ((2, -1), (True, 2), (2.0, 3), ("N", 3), (2**40, 2**40)):
+        with pytest.raises(ShapeError, match="tensor 't'"):
+            checked_shape(bad, 4, "tensor 't'")

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +151,17 @@ def test_the_key_follows_the_kernel_sources(monkeypatch):
     assert _warm.key() != before
     monkeypatch.undo()
     assert _warm.key() == before
+
+
+def test_warm_writes_the_packages_bytecode():
+    """``edgetrain warm`` (and the benchmarks) write the .pyc files pip writes for a wheel: without them (an
+    editable install, PYTHONDONTWRITEBYTECODE) every process compiles the package from source."""
+    import importlib.util
+
+    import edgetrain.api
+    from edgetrain.minimal_build.warm import compile_bytecode
+
+    cached = Path(importlib.util.cache_from_source(edgetrain.api.__file__))
+    cached.unlink(missing_ok=True)
+    assert compile_bytecode()
+    assert cached.is_file() and cached.stat().st_size > 1000
