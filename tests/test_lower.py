@@ -55,6 +55,46 @@ def test_transposes_read_only_by_gemms_fold_into_their_flags(name, nodes, feeds,
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=out)
 
 
+def _fmm(inputs, output, **attrs):
+    return helper.make_node("FusedMatMul", inputs, [output], domain="com.microsoft", **attrs)
+
+
+def _t(x, y, perm=(0, 1, 3, 2)):
+    return helper.make_node("Transpose", [x], [y], perm=list(perm))
+
+
+D = RNG.standard_normal((2, 3, 4, 6)).astype(np.float32)
+X2, DY2 = RNG.standard_normal((9, 4)).astype(np.float32), RNG.standard_normal((9, 6)).astype(np.float32)
+
+
+@pytest.mark.arm64
+@pytest.mark.parametrize("name, nodes, feeds, outputs, transposes", [
+    # torch Linear's weight gradient: Transpose(X^T dY)
+    ("weight_grad", [_fmm(["X", "dY"], "G", transA=1), _t("G", "Y", (1, 0))], {"X": X2, "dY": DY2}, ["Y"], 0),
+    ("matmul", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y")], {"A": A, "D": D}, ["Y"], 0),
+    *[(f"flags{ta}{tb}", [_fmm(["P", "Q"], "R", transA=ta, transB=tb, alpha=0.5), _t("R", "Y")],
+       {"P": A.swapaxes(-1, -2).copy() if ta else A, "Q": D.swapaxes(-1, -2).copy() if tb else D}, ["Y"], 0)
+      for ta in (0, 1) for tb in (0, 1)],
+    # an operand's transpose folds too, then the result's
+    ("both", [_t("D", "Dt"), helper.make_node("MatMul", ["A", "Dt"], ["R"]), _t("R", "Y")],
+     {"A": A, "D": D.swapaxes(-1, -2).copy()}, ["Y"], 0),
+    # kept: another reader of the result, the result an output, an N-D A times a 2-D B (one flattened GEMM)
+    ("other_reader", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y"), helper.make_node("Relu", ["R"], ["Z"])],
+     {"A": A, "D": D}, ["Y", "Z"], 1),
+    ("is_output", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y")], {"A": A, "D": D}, ["Y", "R"], 1),
+    ("flattened", [helper.make_node("MatMul", ["A", "C"], ["R"]), _t("R", "Y")],
+     {"A": A, "C": RNG.standard_normal((4, 7)).astype(np.float32)}, ["Y"], 1),
+    ("other_perm", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y", (1, 0, 2, 3))],
+     {"A": A, "D": D}, ["Y"], 1),
+])
+def test_transposed_gemm_results_fold_into_the_gemm(name, nodes, feeds, outputs, transposes):
+    m = model(nodes, feeds, outputs, ms_opset=1 if any(n.domain for n in nodes) else None)
+    ops = _plan_ops(m, feeds)
+    assert sum(op == "Transpose" for op, _ in ops) == transposes, ops
+    for got, want, out in zip(run_edgetrain(m, feeds), run_onnxruntime(m, feeds), outputs):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=out)
+
+
 def _steps(m, feeds):
     graph = to_graph(m)
     plan = make_plan(graph, bind_feeds(graph.inputs, feeds, "test"), [o.name for o in graph.outputs])

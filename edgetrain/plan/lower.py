@@ -9,6 +9,8 @@
 - ``Transpose`` of the last two dims read only by GEMMs (``MatMul``, ``FusedMatMul``) -> gone, each reader a
   ``FusedMatMul`` with its transA/transB flag flipped: BLAS reads the operand transposed in place instead of
   a copy being made first (attention's ``Q @ K^T`` and its gradients)
+- ``Transpose`` of the last two dims of a GEMM result read by nothing else -> gone, the GEMM writing it with its
+  operands swapped, ``(op(A) op(B))^T = op(B)^T op(A)^T`` (the weight gradients of torch's ``Linear``)
 - ``Sum``/``Max``/``Min``/``Mean`` of more than ``MAX_FUSED_INPUTS`` inputs -> a chain of bounded pieces, each
   combining the previous piece with the next inputs in order (so the same operations in the same order: the
   same result), then ``Div`` by the count for ``Mean``. One node with 1500 inputs would be one generated
@@ -210,7 +212,31 @@ def foldable_transposes(spec: Specialized) -> dict[str, str]:
     return folded
 
 
-def _gemm_reading(e: _Emitter, b: Bound, folded: dict[str, str]) -> None:
+def transposed_results(spec: Specialized, folded: dict[str, str]) -> dict[str, str]:
+    """GEMM results read only by a float transpose of their last two dims (torch's Linear weight gradients,
+    ``Transpose(A^T dY)``): GEMM output -> the transpose's output, which the GEMM then writes itself, as
+    ``(op(A) op(B))^T = op(B)^T op(A)^T``. Operands of one rank only: an N-D A times a 2-D B is one flattened
+    GEMM (``kernels.matmul``), which the swapped form would split into one call per batch index."""
+    readers = defaultdict(list)
+    for b in spec.nodes:
+        for name in b.node.inputs:
+            if name:
+                readers[name].append(b)
+    gemms = {b.node.outputs[0]: b for b in spec.nodes if _reads_plainly(b, 0) and _reads_plainly(b, 1)}
+    results = {}
+    for b in spec.nodes:
+        x, y = b.node.inputs[0], b.node.outputs[0]
+        g = gemms.get(x)
+        if (b.op.key == ("", "Transpose") and y not in folded and g is not None and x not in spec.output_names
+                and len(readers[x]) == 1 and b.ctx.type(0).dtype in FLOATS and _swaps_last_two(b)
+                and len(g.ctx.type(0).shape) == len(g.ctx.type(1).shape)):
+            results[x] = y
+    return results
+
+
+def _gemm_reading(e: _Emitter, b: Bound, folded: dict[str, str], results: dict[str, str]) -> None:
+    """``b`` as a FusedMatMul that reads the folded transposes' inputs (its flags flipped) and, where its result
+    is transposed, writes the transpose's output with its operands swapped."""
     ctx, node = b.ctx, b.node
     fused = b.op.key == ("com.microsoft", "FusedMatMul")
     attrs = {"transA": ctx.attr("transA"), "transB": ctx.attr("transB"), "alpha": ctx.attr("alpha")} if fused \
@@ -219,7 +245,12 @@ def _gemm_reading(e: _Emitter, b: Bound, folded: dict[str, str]) -> None:
         if node.inputs[i] in folded:
             attrs[flag] = 1 - attrs[flag]
     inputs = [folded.get(x, x) for x in node.inputs[:2]]
-    e.emit(node, "FusedMatMul", inputs, list(node.outputs), [ctx.out(0)], attrs, "com.microsoft")
+    y, out = node.outputs[0], ctx.out(0)
+    if y in results:
+        inputs = inputs[::-1]
+        attrs["transA"], attrs["transB"] = 1 - attrs["transB"], 1 - attrs["transA"]
+        y, out = results[y], e.spec.types[results[y]]
+    e.emit(node, "FusedMatMul", inputs, [y], [out], attrs, "com.microsoft")
 
 
 # --- onnxruntime's training vocabulary (edgetrain.ops.ort_training) ----------------------------------------
@@ -417,11 +448,13 @@ RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "ConvTranspose"): _conv,
 def lower(spec: Specialized) -> Specialized:
     e = _Emitter(spec)
     folded = foldable_transposes(spec)
+    results = transposed_results(spec, folded)
+    gone = set(folded) | set(results.values())
     for b in spec.nodes:
-        if b.op.key == ("", "Transpose") and b.node.outputs[0] in folded:
+        if b.op.key == ("", "Transpose") and b.node.outputs[0] in gone:
             continue
-        if b.op.key in GEMMS and any(x in folded for x in b.node.inputs[:2]):
-            _gemm_reading(e, b, folded)
+        if b.op.key in GEMMS and (any(x in folded for x in b.node.inputs[:2]) or b.node.outputs[0] in results):
+            _gemm_reading(e, b, folded, results)
             continue
         rule = RULES.get(b.op.key)
         if rule is None or not rule(e, b):
