@@ -53,6 +53,24 @@ def fused_matmul(ctx):
     return bind
 
 
+def permuted_matmul(ctx):
+    """The transposes are numpy views: BLAS takes each matrix of a view whose last two dims have a unit stride
+    and a row stride of at least a row (which plan.lower makes sure of) as it is, with its leading dimension."""
+    rank_a, rank_b, rank_y = len(ctx.shape(0)), len(ctx.shape(1)), len(ctx.out(0).shape)
+    pa = tuple(ctx.attr("permA")) or tuple(range(rank_a))
+    pb = tuple(ctx.attr("permB")) or tuple(range(rank_b))
+    py = tuple(int(i) for i in np.argsort(tuple(ctx.attr("permY")) or tuple(range(rank_y))))
+    alpha = ctx.attr("alpha")
+
+    @bindable
+    def bind(a, b, y):
+        args = (a.transpose(pa), b.transpose(pb), y.transpose(py))
+        if alpha == 1.0:
+            return np.matmul, args
+        return _scaled_matmul, args + (y.dtype.type(alpha),)
+    return bind
+
+
 def _scaled_matmul(a, b, y, alpha):
     np.matmul(a, b, out=y)
     np.multiply(y, alpha, out=y)

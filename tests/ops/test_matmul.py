@@ -23,7 +23,8 @@ def rand(shape, dtype=np.float32, key=None):
 
 
 def test_every_matmul_op_is_covered():
-    assert {op.op_type for op in matmul.OPS} <= {"MatMul", "Gemm", "FusedMatMul", "Det", "DetGrad"}
+    assert {op.op_type for op in matmul.OPS} <= {"MatMul", "Gemm", "FusedMatMul", "Det", "DetGrad",
+                                                 "PermutedMatMul"}
 
 
 # --- MatMul ------------------------------------------------------------------------------------------------
@@ -142,6 +143,44 @@ def test_fused_matmul(sa, sb, trans_a, trans_b, alpha):
         want = fused_oracle(a, b, trans_a, trans_b, alpha)
         assert ours.shape == want.shape and ours.dtype == want.dtype
         np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5)
+
+
+def _permuted_model(pa, pb, py, alpha, feeds):
+    node = helper.make_node("PermutedMatMul", ["a", "b"], ["y"], name="pmm", domain="ai.edgetrain", permA=pa,
+                            permB=pb, permY=py, alpha=alpha)
+    graph = helper.make_graph([node], "t", [helper.make_tensor_value_info(k, 1, v.shape) for k, v in feeds.items()],
+                              [helper.make_empty_tensor_value_info("y")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.edgetrain", 1)])
+
+
+@pytest.mark.parametrize("pa, pb, py, alpha", [
+    ((0, 2, 1, 3), (0, 2, 3, 1), (0, 2, 1, 3), 1.0), ((0, 2, 3, 1), (0, 2, 1, 3), (0, 3, 1, 2), 0.5),
+    ((0, 1, 2, 3), (0, 1, 3, 2), (0, 1, 2, 3), 2.0)])
+def test_permuted_matmul_against_onnxruntime_transposes(pa, pb, py, alpha):
+    """The planner's PermutedMatMul (strided views into BLAS) against onnxruntime running the Transposes, MatMul
+    and scale it stands for."""
+    from oracle import run_onnxruntime
+    shape = (2, 5, 3, 4)
+    a, b = rand(shape, key="pa"), rand(shape, key="pb")
+    ta, tb = a.transpose(pa), b.transpose(pb)
+    if ta.shape[-1] != tb.shape[-2]:
+        b = rand((2, 5, 4, 3), key="pb")
+    nodes = [helper.make_node("Transpose", ["a"], ["at"], perm=list(pa)),
+             helper.make_node("Transpose", ["b"], ["bt"], perm=list(pb)),
+             helper.make_node("MatMul", ["at", "bt"], ["r"]), helper.make_node("Mul", ["r", "alpha"], ["s"]),
+             helper.make_node("Transpose", ["s"], ["y"], perm=list(py))]
+    want = run_onnxruntime(model(nodes, {"a": a, "b": b}, ["y"], initializers={"alpha": np.float32(alpha)}),
+                           {"a": a, "b": b})[0]
+    ours = edgetrain.InferenceSession(_permuted_model(pa, pb, py, alpha, {"a": a, "b": b}).SerializeToString()).run(
+        None, {"a": a, "b": b})[0]
+    assert ours.shape == want.shape
+    np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5)
+
+
+def test_permuted_matmul_refuses_a_perm_of_the_wrong_rank():
+    feeds = {"a": rand((2, 3, 4)), "b": rand((2, 4, 5))}
+    with pytest.raises(ShapeError, match="pmm.*permA"):
+        edgetrain.InferenceSession(_permuted_model((1, 0), (0, 1, 2), (0, 1, 2), 1.0, feeds).SerializeToString()).program(feeds)
 
 
 # --- shape-rule errors -------------------------------------------------------------------------------------
