@@ -7,6 +7,7 @@ Arena arrays are C-contiguous, so the flattening is a view.
 import numpy as np
 
 from . import bindable
+from ._gemm_threads import split
 
 
 def _flattens(ctx, trans_a: int = 0) -> bool:
@@ -25,12 +26,12 @@ def matmul(ctx):
 
         @bindable
         def bind_flat(a, b, y):
-            return np.matmul, (a.reshape(rows, k), b, y.reshape(rows, n))     # ufunc: the third is out
+            return split(np.matmul, a.reshape(rows, k), b, y.reshape(rows, n))     # ufunc: the third is out
         return bind_flat
 
     @bindable
     def bind(a, b, y):
-        return np.matmul, (a, b, y)
+        return split(np.matmul, a, b, y)
     return bind
 
 
@@ -48,8 +49,8 @@ def fused_matmul(ctx):
         args = (a.swapaxes(-1, -2) if trans_a and a.ndim >= 2 else a,
                 b.swapaxes(-1, -2) if trans_b and b.ndim >= 2 else b, y)
         if alpha == 1.0:
-            return np.matmul, args                       # ufunc: the third is out
-        return _scaled_matmul, args + (y.dtype.type(alpha),)
+            return split(np.matmul, *args)                       # ufunc: the third is out
+        return split(_scaled_matmul, *args, y.dtype.type(alpha))
     return bind
 
 

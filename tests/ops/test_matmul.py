@@ -183,6 +183,31 @@ def test_permuted_matmul_refuses_a_perm_of_the_wrong_rank():
         edgetrain.InferenceSession(_permuted_model((1, 0), (0, 1, 2), (0, 1, 2), 1.0, feeds).SerializeToString()).program(feeds)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("node, shapes", [
+    (helper.make_node("MatMul", ["a", "b"], ["y"]), ((37, 19), (19, 23))),
+    (helper.make_node("MatMul", ["a", "b"], ["y"]), ((3, 13, 19), (19, 23))),      # flattened to one GEMM
+    (helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", transA=1, transB=1, alpha=0.5),
+     ((19, 37), (23, 19))),
+])
+def test_gemms_split_into_row_blocks_across_threads(monkeypatch, threads, node, shapes):
+    """With EDGETRAIN_NUM_THREADS > 1 a large GEMM runs as row blocks that the caller and helper threads claim
+    (kernels/_gemm_threads.py); against onnxruntime, with every GEMM counted as large."""
+    from oracle import run_onnxruntime
+
+    from edgetrain import config
+    from edgetrain.kernels import _gemm_threads
+    monkeypatch.setattr(config, "num_threads", lambda: threads)
+    monkeypatch.setattr(_gemm_threads, "MIN_FLOPS", 0)
+    feeds = {"a": rand(shapes[0], key="ta"), "b": rand(shapes[1], key="tb")}
+    m = model(node, feeds, ["y"])
+    sess = edgetrain.InferenceSession(m.SerializeToString())
+    fn, args = sess.program(feeds).calls[0]
+    assert len(args[0]) == threads * _gemm_threads.BLOCKS_PER_THREAD      # the pool's run over the blocks
+    for _ in range(3):
+        np.testing.assert_allclose(sess.run(None, feeds)[0], run_onnxruntime(m, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
 # --- shape-rule errors -------------------------------------------------------------------------------------
 
 def _plan_error(node, feeds):
