@@ -1,5 +1,5 @@
-"""Large 2-D GEMMs split into row blocks that the calling thread and ``EDGETRAIN_NUM_THREADS - 1`` helpers claim
-one at a time, BLAS itself kept to one thread.
+"""Large 2-D GEMMs split into row blocks that the calling thread and ``EDGETRAIN_NUM_THREADS - 1`` helpers
+claim one at a time, BLAS itself kept to one thread.
 
 OpenBLAS splits a GEMM statically: the caller waits for every worker's share. On cores shared with other
 processes a worker the OS has not scheduled yet stalls the whole GEMM for a time slice (gpt at 2 threads on a

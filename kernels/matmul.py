@@ -55,8 +55,8 @@ def fused_matmul(ctx):
 
 
 def permuted_matmul(ctx):
-    """The transposes are numpy views: BLAS takes each matrix of a view whose last two dims have a unit stride
-    and a row stride of at least a row (which plan.lower makes sure of) as it is, with its leading dimension."""
+    """The transposes are numpy views: BLAS takes each matrix of a view whose last two dims have a unit
+    stride and a row stride of at least a row (plan.lower makes sure of it) as it is, with its leading dim."""
     rank_a, rank_b, rank_y = len(ctx.shape(0)), len(ctx.shape(1)), len(ctx.out(0).shape)
     pa = tuple(ctx.attr("permA")) or tuple(range(rank_a))
     pb = tuple(ctx.attr("permB")) or tuple(range(rank_b))

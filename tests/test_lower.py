@@ -79,9 +79,10 @@ X2, DY2 = RNG.standard_normal((9, 4)).astype(np.float32), RNG.standard_normal((9
     ("both", [_t("D", "Dt"), helper.make_node("MatMul", ["A", "Dt"], ["R"]), _t("R", "Y")],
      {"A": A, "D": D.swapaxes(-1, -2).copy()}, ["Y"], 0),
     # kept: another reader of the result, the result an output, an N-D A times a 2-D B (one flattened GEMM)
-    ("other_reader", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y"), helper.make_node("Relu", ["R"], ["Z"])],
-     {"A": A, "D": D}, ["Y", "Z"], 1),
-    ("is_output", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y")], {"A": A, "D": D}, ["Y", "R"], 1),
+    ("other_reader", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y"),
+                      helper.make_node("Relu", ["R"], ["Z"])], {"A": A, "D": D}, ["Y", "Z"], 1),
+    ("is_output", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y")], {"A": A, "D": D}, ["Y", "R"],
+     1),
     ("flattened", [helper.make_node("MatMul", ["A", "C"], ["R"]), _t("R", "Y")],
      {"A": A, "C": RNG.standard_normal((4, 7)).astype(np.float32)}, ["Y"], 1),
     ("other_perm", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y", (0, 3, 2, 1))],
@@ -102,8 +103,8 @@ NTHD = [RNG.standard_normal((2, 5, 3, 4)).astype(np.float32) for _ in range(3)]
 @pytest.mark.parametrize("name, nodes, outputs, transposes", [
     # attention: heads split (0, 2, 1, 3) and (0, 2, 3, 1) into the GEMMs, merged back (0, 2, 1, 3) out of one
     ("attention", [_t("Q", "q", (0, 2, 1, 3)), _t("K", "kt", (0, 2, 3, 1)), _t("V", "v", (0, 2, 1, 3)),
-                   helper.make_node("MatMul", ["q", "kt"], ["S"]), helper.make_node("MatMul", ["S", "v"], ["O"]),
-                   _t("O", "Y", (0, 2, 1, 3))], ["Y", "S"], 0),
+                   helper.make_node("MatMul", ["q", "kt"], ["S"]),
+                   helper.make_node("MatMul", ["S", "v"], ["O"]), _t("O", "Y", (0, 2, 1, 3))], ["Y", "S"], 0),
     # gradient-style: flags and alpha composed with the views, and a result written through (0, 3, 1, 2)
     ("flags", [_t("Q", "q", (0, 2, 1, 3)), _t("V", "v", (0, 2, 1, 3)),
                _fmm(["q", "v"], "S", transB=1, alpha=0.5), _fmm(["S", "v"], "R", transA=1),

@@ -170,6 +170,6 @@ OPS = (
     OpDef("MatMul", _matmul, kernel="matmul.matmul", dtypes=MATMUL_DTYPES, vjp=_matmul_vjp),
     OpDef("PermutedMatMul", _permuted_matmul, domain="ai.edgetrain", since=1, kernel="matmul.permuted_matmul",
           attrs={"alpha": Float(1.0), "permA": Ints(()), "permB": Ints(()), "permY": Ints(())},
-          doc="made by the planner only (plan.lower): Y = Transpose(alpha * Transpose(A, permA) @ Transpose(B, "
-              "permB), permY), the transposes as strided views BLAS reads and writes in place"),
+          doc="made by the planner only (plan.lower): Y = Transpose(alpha * Transpose(A, permA) @ "
+              "Transpose(B, permB), permY), the transposes as strided views BLAS reads and writes in place"),
 )

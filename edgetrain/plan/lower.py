@@ -9,8 +9,8 @@
 - ``Transpose`` of the last two dims read only by GEMMs (``MatMul``, ``FusedMatMul``) -> gone, each reader a
   ``FusedMatMul`` with its transA/transB flag flipped: BLAS reads the operand transposed in place instead of
   a copy being made first (attention's ``Q @ K^T`` and its gradients)
-- ``Transpose`` of the last two dims of a GEMM result read by nothing else -> gone, the GEMM writing it with its
-  operands swapped, ``(op(A) op(B))^T = op(B)^T op(A)^T`` (the weight gradients of torch's ``Linear``)
+- ``Transpose`` of the last two dims of a GEMM result read by nothing else -> gone, the GEMM writing it with
+  its operands swapped, ``(op(A) op(B))^T = op(B)^T op(A)^T`` (the weight gradients of torch's ``Linear``)
 - other ``Transpose``s read only by GEMMs, or of a GEMM result read by nothing else, that keep the data's last
   dim among the last two (attention's heads split and merged) -> gone, the GEMM an ai.edgetrain
   ``PermutedMatMul`` reading and writing them as strided views
@@ -322,13 +322,14 @@ def _permuted_gemm(e: _Emitter, b: Bound, folded: dict[str, str], views: dict, r
         y, perm_y = results[y], tuple(range(rank - 2)) + (rank - 1, rank - 2)
     elif y in permuted:
         y, perm_y = permuted[y]
-    attrs = {"alpha": ctx.attr("alpha") if fused else 1.0, "permA": perms[0], "permB": perms[1], "permY": perm_y}
+    attrs = {"alpha": ctx.attr("alpha") if fused else 1.0, "permA": perms[0], "permB": perms[1],
+             "permY": perm_y}
     e.emit(node, "PermutedMatMul", inputs, [y], [e.spec.types[y]], attrs, "ai.edgetrain")
 
 
 def _gemm_reading(e: _Emitter, b: Bound, folded: dict[str, str], results: dict[str, str]) -> None:
-    """``b`` as a FusedMatMul that reads the folded transposes' inputs (its flags flipped) and, where its result
-    is transposed, writes the transpose's output with its operands swapped."""
+    """``b`` as a FusedMatMul that reads the folded transposes' inputs (its flags flipped) and, where its
+    result is transposed, writes the transpose's output with its operands swapped."""
     ctx, node = b.ctx, b.node
     fused = b.op.key == ("com.microsoft", "FusedMatMul")
     attrs = {"transA": ctx.attr("transA"), "transB": ctx.attr("transB"), "alpha": ctx.attr("alpha")} if fused \
@@ -547,10 +548,11 @@ def lower(spec: Specialized) -> Specialized:
     for b in spec.nodes:
         if b.op.key == ("", "Transpose") and b.node.outputs[0] in gone:
             continue
-        if b.op.key in GEMMS and (any(x in views for x in b.node.inputs[:2]) or b.node.outputs[0] in permuted):
+        operands, y = b.node.inputs[:2], b.node.outputs[0]
+        if b.op.key in GEMMS and (any(x in views for x in operands) or y in permuted):
             _permuted_gemm(e, b, folded, views, results, permuted)
             continue
-        if b.op.key in GEMMS and (any(x in folded for x in b.node.inputs[:2]) or b.node.outputs[0] in results):
+        if b.op.key in GEMMS and (any(x in folded for x in operands) or y in results):
             _gemm_reading(e, b, folded, results)
             continue
         rule = RULES.get(b.op.key)

@@ -578,7 +578,8 @@ def test_gelu_grad_float32_over_the_whole_range():
     formula from the Gaussian's tails to the middle, where its exp(-x^2/2) term is largest, and at NaN."""
     x = np.concatenate([np.linspace(-14, 14, 4001), [np.nan, -0.0, 40.0, -40.0]]).astype(F32)
     dy = np.linspace(-2, 3, x.size).astype(F32)
-    m = model(helper.make_node("GeluGrad", ["dy", "x"], ["dx"], domain="com.microsoft"), {"dy": dy, "x": x}, ["dx"])
+    node = helper.make_node("GeluGrad", ["dy", "x"], ["dx"], domain="com.microsoft")
+    m = model(node, {"dy": dy, "x": x}, ["dx"])
     ours = run_edgetrain(m, {"dy": dy, "x": x})[0]
     want = GRAD_ORACLES["GeluGrad"]({}, dy, x)
     np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-6)

@@ -148,17 +148,18 @@ def test_fused_matmul(sa, sb, trans_a, trans_b, alpha):
 def _permuted_model(pa, pb, py, alpha, feeds):
     node = helper.make_node("PermutedMatMul", ["a", "b"], ["y"], name="pmm", domain="ai.edgetrain", permA=pa,
                             permB=pb, permY=py, alpha=alpha)
-    graph = helper.make_graph([node], "t", [helper.make_tensor_value_info(k, 1, v.shape) for k, v in feeds.items()],
-                              [helper.make_empty_tensor_value_info("y")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.edgetrain", 1)])
+    inputs = [helper.make_tensor_value_info(k, 1, v.shape) for k, v in feeds.items()]
+    graph = helper.make_graph([node], "t", inputs, [helper.make_empty_tensor_value_info("y")])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.edgetrain", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
 
 
 @pytest.mark.parametrize("pa, pb, py, alpha", [
     ((0, 2, 1, 3), (0, 2, 3, 1), (0, 2, 1, 3), 1.0), ((0, 2, 3, 1), (0, 2, 1, 3), (0, 3, 1, 2), 0.5),
     ((0, 1, 2, 3), (0, 1, 3, 2), (0, 1, 2, 3), 2.0)])
 def test_permuted_matmul_against_onnxruntime_transposes(pa, pb, py, alpha):
-    """The planner's PermutedMatMul (strided views into BLAS) against onnxruntime running the Transposes, MatMul
-    and scale it stands for."""
+    """The planner's PermutedMatMul (strided views into BLAS) against onnxruntime running the Transposes,
+    MatMul and scale it stands for."""
     from oracle import run_onnxruntime
     shape = (2, 5, 3, 4)
     a, b = rand(shape, key="pa"), rand(shape, key="pb")
@@ -171,8 +172,8 @@ def test_permuted_matmul_against_onnxruntime_transposes(pa, pb, py, alpha):
              helper.make_node("Transpose", ["s"], ["y"], perm=list(py))]
     want = run_onnxruntime(model(nodes, {"a": a, "b": b}, ["y"], initializers={"alpha": np.float32(alpha)}),
                            {"a": a, "b": b})[0]
-    ours = edgetrain.InferenceSession(_permuted_model(pa, pb, py, alpha, {"a": a, "b": b}).SerializeToString()).run(
-        None, {"a": a, "b": b})[0]
+    m = _permuted_model(pa, pb, py, alpha, {"a": a, "b": b})
+    ours = edgetrain.InferenceSession(m.SerializeToString()).run(None, {"a": a, "b": b})[0]
     assert ours.shape == want.shape
     np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5)
 
@@ -180,15 +181,16 @@ def test_permuted_matmul_against_onnxruntime_transposes(pa, pb, py, alpha):
 def test_permuted_matmul_refuses_a_perm_of_the_wrong_rank():
     feeds = {"a": rand((2, 3, 4)), "b": rand((2, 4, 5))}
     with pytest.raises(ShapeError, match="pmm.*permA"):
-        edgetrain.InferenceSession(_permuted_model((1, 0), (0, 1, 2), (0, 1, 2), 1.0, feeds).SerializeToString()).program(feeds)
+        m = _permuted_model((1, 0), (0, 1, 2), (0, 1, 2), 1.0, feeds)
+        edgetrain.InferenceSession(m.SerializeToString()).program(feeds)
 
 
 @pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("node, shapes", [
     (helper.make_node("MatMul", ["a", "b"], ["y"]), ((37, 19), (19, 23))),
     (helper.make_node("MatMul", ["a", "b"], ["y"]), ((3, 13, 19), (19, 23))),      # flattened to one GEMM
-    (helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", transA=1, transB=1, alpha=0.5),
-     ((19, 37), (23, 19))),
+    (helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", transA=1, transB=1,
+                      alpha=0.5), ((19, 37), (23, 19))),
 ])
 def test_gemms_split_into_row_blocks_across_threads(monkeypatch, threads, node, shapes):
     """With EDGETRAIN_NUM_THREADS > 1 a large GEMM runs as row blocks that the caller and helper threads claim
@@ -205,7 +207,8 @@ def test_gemms_split_into_row_blocks_across_threads(monkeypatch, threads, node, 
     fn, args = sess.program(feeds).calls[0]
     assert len(args[0]) == threads * _gemm_threads.BLOCKS_PER_THREAD      # the pool's run over the blocks
     for _ in range(3):
-        np.testing.assert_allclose(sess.run(None, feeds)[0], run_onnxruntime(m, feeds)[0], rtol=1e-5, atol=1e-5)
+        want = run_onnxruntime(m, feeds)[0]
+        np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-5, atol=1e-5)
 
 
 # --- shape-rule errors -------------------------------------------------------------------------------------

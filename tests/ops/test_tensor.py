@@ -229,7 +229,7 @@ def test_expand(src, shape):
 
 
 def test_expand_reads_each_runs_input():
-    """The broadcast view is made once, when the program binds its arrays: each run must still see its feed."""
+    """The broadcast view is made once, when the program binds its arrays: each run still sees its feed."""
     m = model(helper.make_node("Expand", ["x", "shape"], ["y"]), {"x": rand((3, 1, 4))}, ["y"],
               initializers={"shape": i64(2, 3, 5, 4)})
     sess = edgetrain.InferenceSession(m.SerializeToString())
