@@ -145,8 +145,7 @@ SCALAR = {
 # onnxruntime's element-wise gradient ops (com.microsoft); inputs are (dY, X or Y). GeluGrad's Gaussian is
 # floored at exp(-80) (~1e-35, times x): libm's underflow path for exp(-x^2/2) at |x| > 13 is ~3x slower.
 SCALAR.update({
-    "GeluGrad": lambda a, k: (f"{a[0]} * ({k.T}(0.5) * ({k.T}(1.0) + {_erf(k, f'{a[1]} * {k.T}(0.7071067811865476)')})"
-                              f" + {a[1]} * {k.T}(0.3989422804014327) * math.exp(max({k.T}(-0.5) * {a[1]} * {a[1]}, {k.T}(-80.0))))"),
+    "GeluGrad": lambda a, k: _gelu_grad_at(a[0], a[1], k),
     "LeakyReluGrad": lambda a, k: f"({a[0]} if {a[1]} > 0 else {k.const('alpha')} * {a[0]})",
     "ReluGrad": lambda a, k: f"({a[0]} if {a[1]} > 0 else {k.T}(0))",
     "SigmoidGrad": lambda a, k: f"{a[0]} * {a[1]} * ({k.T}(1.0) - {a[1]})",
@@ -183,11 +182,39 @@ def _erf_f32(x):
     q = q * z + np.float32(1.0)
     return x * p / q
 ''',
+    # exp for float32 as Cephes' expf (2**n exp(r), |r| <= ln2/2, degree-7 polynomial; within 3 ulp, as
+    # kernels/softmax.py's fast_exp): libm's exp is a scalar call that keeps GeluGrad's loop from vectorizing
+    # (4 ns of its 4.5 ns per element). 0 below -87.3 (2**n would be subnormal), inf above 88.4, NaN kept.
+    "_exp_f32": '''
+@njit(cache=True, inline="always", error_model="numpy")
+def _exp_f32(x):
+    xc = x if x > np.float32(-87.33654) else np.float32(-87.33654)     # NaN too: n stays an integer
+    xc = xc if xc < np.float32(88.37626) else np.float32(88.37626)
+    n = np.floor(xc * np.float32(1.44269504088896341) + np.float32(0.5))
+    r = xc - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    e = p * np.int32((np.int32(n) + np.int32(127)) << np.int32(23)).view(np.float32)
+    if x < np.float32(-87.33654):
+        return np.float32(0.0)
+    if x > np.float32(88.37626):
+        return np.float32(np.inf)
+    return e if x == x else x
+''',
 }
 
 
 def _erf(k, x: str) -> str:
     return f"_erf_f32({x})" if k.T == "np.float32" else f"math.erf({x})"
+
+
+def _exp(k, x: str) -> str:
+    return f"_exp_f32({x})" if k.T == "np.float32" else f"math.exp({x})"
 
 
 # onnxruntime's fused activations and their gradient ops (edgetrain.ops.ort_training)
@@ -210,7 +237,7 @@ def _fast_gelu_grad(a, k):
 
 def _gelu_grad_at(dy, x, k):
     return (f"{dy} * ({k.T}(0.5) * ({k.T}(1.0) + {_erf(k, f'{x} * {k.T}(0.7071067811865476)')})"
-            f" + {x} * {k.T}(0.3989422804014327) * math.exp(max({k.T}(-0.5) * {x} * {x}, {k.T}(-80.0))))")
+            f" + {x} * {k.T}(0.3989422804014327) * {_exp(k, f'max({k.T}(-0.5) * {x} * {x}, {k.T}(-80.0))')})")
 
 
 def _quick_gelu_s(x, k):

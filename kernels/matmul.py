@@ -14,6 +14,7 @@ alternating measurements. Sums run in another order than BLAS's, within the same
 import numpy as np
 
 from . import bindable
+from ._gemm_threads import split
 from ._jit import jit
 
 SMALL_GEMM = 1 << 16      # m*n*k at or below which a @ b^T runs as a Numba loop
@@ -36,12 +37,12 @@ def matmul(ctx):
 
         @bindable
         def bind_flat(a, b, y):
-            return np.matmul, (a.reshape(rows, k), b, y.reshape(rows, n))     # ufunc: the third is out
+            return split(np.matmul, a.reshape(rows, k), b, y.reshape(rows, n))     # ufunc: the third is out
         return bind_flat
 
     @bindable
     def bind(a, b, y):
-        return np.matmul, (a, b, y)
+        return split(np.matmul, a, b, y)
     return bind
 
 
@@ -62,7 +63,25 @@ def fused_matmul(ctx):
         args = (a.swapaxes(-1, -2) if trans_a and a.ndim >= 2 else a,
                 b.swapaxes(-1, -2) if trans_b and b.ndim >= 2 else b, y)
         if alpha == 1.0:
-            return np.matmul, args                       # ufunc: the third is out
+            return split(np.matmul, *args)                       # ufunc: the third is out
+        return split(_scaled_matmul, *args, y.dtype.type(alpha))
+    return bind
+
+
+def permuted_matmul(ctx):
+    """The transposes are numpy views: BLAS takes each matrix of a view whose last two dims have a unit
+    stride and a row stride of at least a row (plan.lower makes sure of it) as it is, with its leading dim."""
+    rank_a, rank_b, rank_y = len(ctx.shape(0)), len(ctx.shape(1)), len(ctx.out(0).shape)
+    pa = tuple(ctx.attr("permA")) or tuple(range(rank_a))
+    pb = tuple(ctx.attr("permB")) or tuple(range(rank_b))
+    py = tuple(int(i) for i in np.argsort(tuple(ctx.attr("permY")) or tuple(range(rank_y))))
+    alpha = ctx.attr("alpha")
+
+    @bindable
+    def bind(a, b, y):
+        args = (a.transpose(pa), b.transpose(pb), y.transpose(py))
+        if alpha == 1.0:
+            return np.matmul, args
         return _scaled_matmul, args + (y.dtype.type(alpha),)
     return bind
 

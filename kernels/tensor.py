@@ -71,9 +71,10 @@ def concat(ctx):
 def expand(ctx):
     shape = ctx.out(0).shape
 
-    def run(x, _shape, y):
-        np.copyto(y, np.broadcast_to(x, shape))
-    return run
+    @bindable
+    def bind(x, _shape, y):
+        return np.copyto, (y, np.broadcast_to(x, shape))     # the broadcast view made once, not every step
+    return bind
 
 
 def gather(ctx):

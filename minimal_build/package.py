@@ -196,6 +196,7 @@ def assemble(out_dir: Path, so_file: Path, manifest_file: Path, families: list[s
     atomic.copy_file(kernels / "__init__.py", kdir / "__init__.py")
     atomic.copy_file(here / "device_jit.py", kdir / "_jit.py")
     atomic.copy_file(kernels / "_aot.py", kdir / "_aot.py")          # the dispatcher device_jit uses
+    atomic.copy_file(kernels / "_gemm_threads.py", kdir / "_gemm_threads.py")    # matmul's threads, no Numba
     for family in families:
         src = kernels / f"{family}.py"
         atomic.write_text(kdir / src.name, strip_numba(src.read_text(), str(src)))

@@ -41,10 +41,10 @@ C = RNG.standard_normal((7, 6)).astype(np.float32)
                       helper.make_node("Relu", ["Bt"], ["Z"])], {"B": B}, ["Y", "Z"], 0),
     ("is_output", [helper.make_node("Transpose", ["B"], ["Bt"], perm=[0, 1, 3, 2]),
                    helper.make_node("MatMul", ["B", "Bt"], ["Y"])], {"B": B}, ["Y", "Bt"], 0),
-    # not a swap of the last two dims
-    ("other_perm", [helper.make_node("Transpose", ["A"], ["At"], perm=[0, 2, 1, 3]),
+    # not a swap of the last two dims, nor a strided view BLAS can read (the last dim moves first)
+    ("other_perm", [helper.make_node("Transpose", ["A"], ["At"], perm=[3, 1, 0, 2]),
                     helper.make_node("MatMul", ["At", "A"], ["Y"])],
-     {"A": RNG.standard_normal((2, 4, 4, 4)).astype(np.float32)}, ["Y"], 0),
+     {"A": RNG.standard_normal((4, 4, 4, 4)).astype(np.float32)}, ["Y"], 0),
 ])
 def test_transposes_read_only_by_gemms_fold_into_their_flags(name, nodes, feeds, outputs, folds):
     m = model(nodes, feeds, outputs, ms_opset=1 if any(n.domain for n in nodes) else None)
@@ -52,6 +52,79 @@ def test_transposes_read_only_by_gemms_fold_into_their_flags(name, nodes, feeds,
     assert sum(op == "Transpose" for op, _ in ops) == 1 - folds, ops
     ours = run_edgetrain(m, feeds)
     for got, want, out in zip(ours, run_onnxruntime(m, feeds), outputs):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=out)
+
+
+def _fmm(inputs, output, **attrs):
+    return helper.make_node("FusedMatMul", inputs, [output], domain="com.microsoft", **attrs)
+
+
+def _t(x, y, perm=(0, 1, 3, 2)):
+    return helper.make_node("Transpose", [x], [y], perm=list(perm))
+
+
+D = RNG.standard_normal((2, 3, 4, 6)).astype(np.float32)
+X2, DY2 = RNG.standard_normal((9, 4)).astype(np.float32), RNG.standard_normal((9, 6)).astype(np.float32)
+
+
+@pytest.mark.arm64
+@pytest.mark.parametrize("name, nodes, feeds, outputs, transposes", [
+    # torch Linear's weight gradient: Transpose(X^T dY)
+    ("weight_grad", [_fmm(["X", "dY"], "G", transA=1), _t("G", "Y", (1, 0))], {"X": X2, "dY": DY2}, ["Y"], 0),
+    ("matmul", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y")], {"A": A, "D": D}, ["Y"], 0),
+    *[(f"flags{ta}{tb}", [_fmm(["P", "Q"], "R", transA=ta, transB=tb, alpha=0.5), _t("R", "Y")],
+       {"P": A.swapaxes(-1, -2).copy() if ta else A, "Q": D.swapaxes(-1, -2).copy() if tb else D}, ["Y"], 0)
+      for ta in (0, 1) for tb in (0, 1)],
+    # an operand's transpose folds too, then the result's
+    ("both", [_t("D", "Dt"), helper.make_node("MatMul", ["A", "Dt"], ["R"]), _t("R", "Y")],
+     {"A": A, "D": D.swapaxes(-1, -2).copy()}, ["Y"], 0),
+    # kept: another reader of the result, the result an output, an N-D A times a 2-D B (one flattened GEMM)
+    ("other_reader", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y"),
+                      helper.make_node("Relu", ["R"], ["Z"])], {"A": A, "D": D}, ["Y", "Z"], 1),
+    ("is_output", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y")], {"A": A, "D": D}, ["Y", "R"],
+     1),
+    ("flattened", [helper.make_node("MatMul", ["A", "C"], ["R"]), _t("R", "Y")],
+     {"A": A, "C": RNG.standard_normal((4, 7)).astype(np.float32)}, ["Y"], 1),
+    ("other_perm", [helper.make_node("MatMul", ["A", "D"], ["R"]), _t("R", "Y", (0, 3, 2, 1))],
+     {"A": A, "D": D}, ["Y"], 1),
+])
+def test_transposed_gemm_results_fold_into_the_gemm(name, nodes, feeds, outputs, transposes):
+    m = model(nodes, feeds, outputs, ms_opset=1 if any(n.domain for n in nodes) else None)
+    ops = _plan_ops(m, feeds)
+    assert sum(op == "Transpose" for op, _ in ops) == transposes, ops
+    for got, want, out in zip(run_edgetrain(m, feeds), run_onnxruntime(m, feeds), outputs):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=out)
+
+
+NTHD = [RNG.standard_normal((2, 5, 3, 4)).astype(np.float32) for _ in range(3)]
+
+
+@pytest.mark.arm64
+@pytest.mark.parametrize("name, nodes, outputs, transposes", [
+    # attention: heads split (0, 2, 1, 3) and (0, 2, 3, 1) into the GEMMs, merged back (0, 2, 1, 3) out of one
+    ("attention", [_t("Q", "q", (0, 2, 1, 3)), _t("K", "kt", (0, 2, 3, 1)), _t("V", "v", (0, 2, 1, 3)),
+                   helper.make_node("MatMul", ["q", "kt"], ["S"]),
+                   helper.make_node("MatMul", ["S", "v"], ["O"]), _t("O", "Y", (0, 2, 1, 3))], ["Y", "S"], 0),
+    # gradient-style: flags and alpha composed with the views, and a result written through (0, 3, 1, 2)
+    ("flags", [_t("Q", "q", (0, 2, 1, 3)), _t("V", "v", (0, 2, 1, 3)),
+               _fmm(["q", "v"], "S", transB=1, alpha=0.5), _fmm(["S", "v"], "R", transA=1),
+               _fmm(["q", "S"], "G", transA=1), _t("G", "Y", (0, 3, 1, 2))], ["Y", "R"], 0),
+    # kept: the data's last dim moved out of the last two, another reader, a 2-D operand (one flattened GEMM)
+    ("last_dim_moved", [_t("Q", "q", (3, 1, 2, 0)), _t("K", "k", (3, 1, 0, 2)),
+                        helper.make_node("MatMul", ["q", "k"], ["Y"])], ["Y"], 2),
+    ("other_reader", [_t("Q", "q", (0, 2, 1, 3)), _t("K", "kt", (0, 2, 3, 1)),
+                      helper.make_node("MatMul", ["q", "kt"], ["Y"]), helper.make_node("Relu", ["q"], ["Z"])],
+     ["Y", "Z"], 1),
+    ("flattened", [_t("Q", "q", (0, 2, 1, 3)), helper.make_node("MatMul", ["q", "W"], ["Y"])], ["Y"], 1),
+])
+def test_head_transposes_become_strided_gemm_operands(name, nodes, outputs, transposes):
+    feeds = dict(zip("QKV", NTHD), W=RNG.standard_normal((4, 6)).astype(np.float32))
+    used = {i for n in nodes for i in n.input}
+    feeds = {k: v for k, v in feeds.items() if k in used}
+    m = model(nodes, feeds, outputs, ms_opset=1 if any(n.domain for n in nodes) else None)
+    ops = _plan_ops(m, feeds)
+    assert sum(op == "Transpose" for op, _ in ops) == transposes, ops
+    for got, want, out in zip(run_edgetrain(m, feeds), run_onnxruntime(m, feeds), outputs):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=out)
 
 

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..ir import TensorType
 from ..ir.dtypes import FLOATS
-from .attrs import Flag, Float
+from .attrs import Flag, Float, Ints
 from .base import NodeContext, OpDef, broadcast_shapes
 
 MATMUL_DTYPES = FLOATS + (np.dtype(np.int32), np.dtype(np.int64))
@@ -49,6 +49,23 @@ def _fused_matmul(ctx: NodeContext):
     a = _swap_last(ctx.shape(0), ctx.attr("transA"))
     b = _swap_last(ctx.shape(1), ctx.attr("transB"))
     return [TensorType(_same_dtype(ctx, 0, 1), matmul_shape(ctx, a, b))]
+
+
+def _perm(ctx: NodeContext, name: str, rank: int) -> tuple[int, ...]:
+    """Attribute ``name`` as a permutation of ``rank`` axes (empty: the identity)."""
+    perm = tuple(ctx.attr(name)) or tuple(range(rank))
+    if sorted(perm) != list(range(rank)):
+        raise ctx.error(f"{name} {list(perm)} is not a permutation of {rank} axes")
+    return perm
+
+
+def _permuted_matmul(ctx: NodeContext):
+    a, b = ctx.shape(0), ctx.shape(1)
+    if len(a) < 2 or len(b) < 2:
+        raise ctx.error("PermutedMatMul operands must have rank >= 2")
+    pa, pb = _perm(ctx, "permA", len(a)), _perm(ctx, "permB", len(b))
+    r = matmul_shape(ctx, tuple(a[p] for p in pa), tuple(b[p] for p in pb))
+    return [TensorType(_same_dtype(ctx, 0, 1), tuple(r[p] for p in _perm(ctx, "permY", len(r))))]
 
 
 def _gemm(ctx: NodeContext):
@@ -151,4 +168,8 @@ OPS = (
           attrs={"alpha": Float(1.0), "beta": Float(1.0), "transA": Flag(0), "transB": Flag(0)},
           doc="lowered to FusedMatMul + Add"),
     OpDef("MatMul", _matmul, kernel="matmul.matmul", dtypes=MATMUL_DTYPES, vjp=_matmul_vjp),
+    OpDef("PermutedMatMul", _permuted_matmul, domain="ai.edgetrain", since=1, kernel="matmul.permuted_matmul",
+          attrs={"alpha": Float(1.0), "permA": Ints(()), "permB": Ints(()), "permY": Ints(())},
+          doc="made by the planner only (plan.lower): Y = Transpose(alpha * Transpose(A, permA) @ "
+              "Transpose(B, permB), permY), the transposes as strided views BLAS reads and writes in place"),
 )

@@ -11,6 +11,11 @@
 - ``Transpose`` of the last two dims read only by GEMMs (``MatMul``, ``FusedMatMul``) -> gone, each reader a
   ``FusedMatMul`` with its transA/transB flag flipped: BLAS reads the operand transposed in place instead of
   a copy being made first (attention's ``Q @ K^T`` and its gradients)
+- ``Transpose`` of the last two dims of a GEMM result read by nothing else -> gone, the GEMM writing it with
+  its operands swapped, ``(op(A) op(B))^T = op(B)^T op(A)^T`` (the weight gradients of torch's ``Linear``)
+- other ``Transpose``s read only by GEMMs, or of a GEMM result read by nothing else, that keep the data's last
+  dim among the last two (attention's heads split and merged) -> gone, the GEMM an ai.edgetrain
+  ``PermutedMatMul`` reading and writing them as strided views
 - ``Sum``/``Max``/``Min``/``Mean`` of more than ``MAX_FUSED_INPUTS`` inputs -> a chain of bounded pieces, each
   combining the previous piece with the next inputs in order (so the same operations in the same order: the
   same result), then ``Div`` by the count for ``Mean``. One node with 1500 inputs would be one generated
@@ -228,7 +233,121 @@ def foldable_transposes(spec: Specialized) -> dict[str, str]:
     return folded
 
 
-def _gemm_reading(e: _Emitter, b: Bound, folded: dict[str, str]) -> None:
+def transposed_results(spec: Specialized, folded: dict[str, str]) -> dict[str, str]:
+    """GEMM results read only by a float transpose of their last two dims (torch's Linear weight gradients,
+    ``Transpose(A^T dY)``): GEMM output -> the transpose's output, which the GEMM then writes itself, as
+    ``(op(A) op(B))^T = op(B)^T op(A)^T``. Operands of one rank only: an N-D A times a 2-D B is one flattened
+    GEMM (``kernels.matmul``), which the swapped form would split into one call per batch index."""
+    readers = defaultdict(list)
+    for b in spec.nodes:
+        for name in b.node.inputs:
+            if name:
+                readers[name].append(b)
+    gemms = {b.node.outputs[0]: b for b in spec.nodes if _reads_plainly(b, 0) and _reads_plainly(b, 1)}
+    results = {}
+    for b in spec.nodes:
+        x, y = b.node.inputs[0], b.node.outputs[0]
+        g = gemms.get(x)
+        if (b.op.key == ("", "Transpose") and y not in folded and g is not None and x not in spec.output_names
+                and len(readers[x]) == 1 and b.ctx.type(0).dtype in FLOATS and _swaps_last_two(b)
+                and len(g.ctx.type(0).shape) == len(g.ctx.type(1).shape)):
+            results[x] = y
+    return results
+
+
+def _same_rank(b: Bound) -> bool:
+    return len(b.ctx.type(0).shape) == len(b.ctx.type(1).shape)
+
+
+def _perm_of(b: Bound) -> tuple[int, ...]:
+    rank = len(b.ctx.type(0).shape)
+    perm = b.ctx.attr("perm")
+    return tuple(range(rank))[::-1] if perm is None else tuple(int(p) for p in perm)
+
+
+def permuted_views(spec: Specialized, folded: dict[str, str]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Other float transposes whose every reader is a GEMM operand (of operands of one rank: attention's heads
+    split, ``[N, T, H, D] -> [N, H, T, D]``): output -> (input, perm). The GEMM reads the input through the
+    transposed view, which BLAS takes as it is when the input's last dim stays one of the last two (its rows
+    then have a unit stride and a leading dimension of at least a row)."""
+    readers = defaultdict(list)
+    for b in spec.nodes:
+        for i, name in enumerate(b.node.inputs):
+            if name:
+                readers[name].append((b, i))
+    views = {}
+    for b in spec.nodes:
+        y = b.node.outputs[0]
+        if b.op.key != ("", "Transpose") or y in folded or y in spec.output_names or not readers[y]:
+            continue
+        perm, last = _perm_of(b), len(b.ctx.type(0).shape) - 1
+        if (b.ctx.type(0).dtype in FLOATS and last >= 1 and last in perm[-2:]
+                and all(_reads_plainly(r, i) and _same_rank(r) for r, i in readers[y])):
+            views[y] = (b.node.inputs[0], perm)
+    return views
+
+
+def permuted_results(spec: Specialized, results: dict[str, str]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """GEMM results (operands of one rank) read only by another float transpose that keeps one of their last
+    two dims last (attention's heads merged back, ``[N, H, T, D] -> [N, T, H, D]``): GEMM output -> (the
+    transpose's output, perm). The GEMM writes through the inverse view of the transpose's output."""
+    readers = defaultdict(list)
+    for b in spec.nodes:
+        for name in b.node.inputs:
+            if name:
+                readers[name].append(b)
+    gemms = {b.node.outputs[0]: b for b in spec.nodes
+             if _reads_plainly(b, 0) and _reads_plainly(b, 1) and _same_rank(b)}
+    out = {}
+    for b in spec.nodes:
+        x, y = b.node.inputs[0], b.node.outputs[0]
+        if (b.op.key == ("", "Transpose") and x in gemms and x not in results and x not in spec.output_names
+                and len(readers[x]) == 1 and b.ctx.type(0).dtype in FLOATS):
+            perm = _perm_of(b)
+            if perm[-1] >= len(perm) - 2:
+                out[x] = (y, perm)
+    return out
+
+
+def _compose(first: tuple[int, ...], then: tuple[int, ...]) -> tuple[int, ...]:
+    """The perm of ``transpose(transpose(x, first), then)``."""
+    return tuple(first[t] for t in then)
+
+
+def _permuted_gemm(e: _Emitter, b: Bound, folded: dict[str, str], views: dict, results: dict[str, str],
+                   permuted: dict) -> None:
+    """``b`` as an ai.edgetrain PermutedMatMul: each operand the transposed view of what its transpose reads,
+    composed with the GEMM's own transA/transB, and its result written through the inverse view of its
+    transpose's output."""
+    ctx, node = b.ctx, b.node
+    fused = b.op.key == ("com.microsoft", "FusedMatMul")
+    inputs, perms = [], []
+    for i, flag in enumerate(("transA", "transB")):
+        x, rank = node.inputs[i], len(ctx.type(i).shape)
+        swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
+        perm = tuple(range(rank))
+        if x in folded:
+            x, perm = folded[x], swap
+        elif x in views:
+            x, perm = views[x]
+        if fused and ctx.attr(flag):
+            perm = _compose(perm, swap)
+        inputs.append(x)
+        perms.append(perm)
+    y, rank = node.outputs[0], len(ctx.out(0).shape)
+    perm_y = tuple(range(rank))
+    if y in results:
+        y, perm_y = results[y], tuple(range(rank - 2)) + (rank - 1, rank - 2)
+    elif y in permuted:
+        y, perm_y = permuted[y]
+    attrs = {"alpha": ctx.attr("alpha") if fused else 1.0, "permA": perms[0], "permB": perms[1],
+             "permY": perm_y}
+    e.emit(node, "PermutedMatMul", inputs, [y], [e.spec.types[y]], attrs, "ai.edgetrain")
+
+
+def _gemm_reading(e: _Emitter, b: Bound, folded: dict[str, str], results: dict[str, str]) -> None:
+    """``b`` as a FusedMatMul that reads the folded transposes' inputs (its flags flipped) and, where its
+    result is transposed, writes the transpose's output with its operands swapped."""
     ctx, node = b.ctx, b.node
     fused = b.op.key == ("com.microsoft", "FusedMatMul")
     attrs = {"transA": ctx.attr("transA"), "transB": ctx.attr("transB"), "alpha": ctx.attr("alpha")} if fused \
@@ -237,7 +356,12 @@ def _gemm_reading(e: _Emitter, b: Bound, folded: dict[str, str]) -> None:
         if node.inputs[i] in folded:
             attrs[flag] = 1 - attrs[flag]
     inputs = [folded.get(x, x) for x in node.inputs[:2]]
-    e.emit(node, "FusedMatMul", inputs, list(node.outputs), [ctx.out(0)], attrs, "com.microsoft")
+    y, out = node.outputs[0], ctx.out(0)
+    if y in results:
+        inputs = inputs[::-1]
+        attrs["transA"], attrs["transB"] = 1 - attrs["transB"], 1 - attrs["transA"]
+        y, out = results[y], e.spec.types[results[y]]
+    e.emit(node, "FusedMatMul", inputs, [y], [out], attrs, "com.microsoft")
 
 
 # --- onnxruntime's training vocabulary (edgetrain.ops.ort_training) ----------------------------------------
@@ -435,11 +559,19 @@ RULES = {("", "Gemm"): _gemm, ("", "Conv"): _conv, ("", "ConvTranspose"): _conv,
 def lower(spec: Specialized) -> Specialized:
     e = _Emitter(spec)
     folded = foldable_transposes(spec)
+    results = transposed_results(spec, folded)
+    views = permuted_views(spec, folded)
+    permuted = permuted_results(spec, results)
+    gone = set(folded) | set(results.values()) | set(views) | {y for y, _ in permuted.values()}
     for b in spec.nodes:
-        if b.op.key == ("", "Transpose") and b.node.outputs[0] in folded:
+        if b.op.key == ("", "Transpose") and b.node.outputs[0] in gone:
             continue
-        if b.op.key in GEMMS and any(x in folded for x in b.node.inputs[:2]):
-            _gemm_reading(e, b, folded)
+        operands, y = b.node.inputs[:2], b.node.outputs[0]
+        if b.op.key in GEMMS and (any(x in views for x in operands) or y in permuted):
+            _permuted_gemm(e, b, folded, views, results, permuted)
+            continue
+        if b.op.key in GEMMS and (any(x in folded for x in operands) or y in results):
+            _gemm_reading(e, b, folded, results)
             continue
         rule = RULES.get(b.op.key)
         if rule is None or not rule(e, b):

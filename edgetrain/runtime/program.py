@@ -13,7 +13,7 @@ import importlib
 
 import numpy as np
 
-from .. import codegen, config
+from .. import codegen
 from ..errors import InputError
 from .. import parallel
 from ..plan import Plan
@@ -59,7 +59,7 @@ class Program:
     (a module's train and eval programs, one per input shape); default: its own."""
 
     def __init__(self, plan: Plan, external: dict[str, np.ndarray] | None = None, arena: np.ndarray | None = None):
-        limit_blas_threads(config.num_threads())
+        limit_blas_threads(1)     # threads split large GEMMs instead (kernels/_gemm_threads.py)
         self.plan = plan
         spec, mem = plan.spec, plan.memory
         if arena is not None and (arena.nbytes < plan.arena_bytes or arena.ctypes.data % 64):

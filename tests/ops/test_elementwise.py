@@ -572,6 +572,19 @@ def test_onnx_gelu_gradient_by_finite_differences(approximate):
                     [TensorType(F64, (4, 6))], opset=20)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_gelu_grad_float32_over_the_whole_range():
+    """GeluGrad's float32 loop (polynomial erf and exp, ``kernels/elementwise.HELPERS``) against the float64
+    formula from the Gaussian's tails to the middle, where its exp(-x^2/2) term is largest, and at NaN."""
+    x = np.concatenate([np.linspace(-14, 14, 4001), [np.nan, -0.0, 40.0, -40.0]]).astype(F32)
+    dy = np.linspace(-2, 3, x.size).astype(F32)
+    node = helper.make_node("GeluGrad", ["dy", "x"], ["dx"], domain="com.microsoft")
+    m = model(node, {"dy": dy, "x": x}, ["dx"])
+    ours = run_edgetrain(m, {"dy": dy, "x": x})[0]
+    want = GRAD_ORACLES["GeluGrad"]({}, dy, x)
+    np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-6)
+
+
 def test_mod_gradient_by_finite_differences():
     """fmod: d/da = 1, d/db = -trunc(a / b), away from the jumps at multiples of b; b broadcast over rows."""
     from gradcheck import check_gradients

@@ -23,7 +23,8 @@ def rand(shape, dtype=np.float32, key=None):
 
 
 def test_every_matmul_op_is_covered():
-    assert {op.op_type for op in matmul.OPS} <= {"MatMul", "Gemm", "FusedMatMul", "Det", "DetGrad"}
+    assert {op.op_type for op in matmul.OPS} <= {"MatMul", "Gemm", "FusedMatMul", "Det", "DetGrad",
+                                                 "PermutedMatMul"}
 
 
 # --- MatMul ------------------------------------------------------------------------------------------------
@@ -168,6 +169,72 @@ def test_small_gemm_loops_and_blas(monkeypatch, path, dtype, m, k, n, trans_a, t
     np.testing.assert_allclose(ours, fused_oracle(a, b, trans_a, trans_b, 1.0), rtol=1e-5, atol=1e-5)
     fn = sess.program({"a": a, "b": b}).calls[0][0]
     assert (fn is not np.matmul) == (m * n * k <= threshold and not (trans_a and trans_b))
+
+
+def _permuted_model(pa, pb, py, alpha, feeds):
+    node = helper.make_node("PermutedMatMul", ["a", "b"], ["y"], name="pmm", domain="ai.edgetrain", permA=pa,
+                            permB=pb, permY=py, alpha=alpha)
+    inputs = [helper.make_tensor_value_info(k, 1, v.shape) for k, v in feeds.items()]
+    graph = helper.make_graph([node], "t", inputs, [helper.make_empty_tensor_value_info("y")])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.edgetrain", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+@pytest.mark.parametrize("pa, pb, py, alpha", [
+    ((0, 2, 1, 3), (0, 2, 3, 1), (0, 2, 1, 3), 1.0), ((0, 2, 3, 1), (0, 2, 1, 3), (0, 3, 1, 2), 0.5),
+    ((0, 1, 2, 3), (0, 1, 3, 2), (0, 1, 2, 3), 2.0)])
+def test_permuted_matmul_against_onnxruntime_transposes(pa, pb, py, alpha):
+    """The planner's PermutedMatMul (strided views into BLAS) against onnxruntime running the Transposes,
+    MatMul and scale it stands for."""
+    from oracle import run_onnxruntime
+    shape = (2, 5, 3, 4)
+    a, b = rand(shape, key="pa"), rand(shape, key="pb")
+    ta, tb = a.transpose(pa), b.transpose(pb)
+    if ta.shape[-1] != tb.shape[-2]:
+        b = rand((2, 5, 4, 3), key="pb")
+    nodes = [helper.make_node("Transpose", ["a"], ["at"], perm=list(pa)),
+             helper.make_node("Transpose", ["b"], ["bt"], perm=list(pb)),
+             helper.make_node("MatMul", ["at", "bt"], ["r"]), helper.make_node("Mul", ["r", "alpha"], ["s"]),
+             helper.make_node("Transpose", ["s"], ["y"], perm=list(py))]
+    want = run_onnxruntime(model(nodes, {"a": a, "b": b}, ["y"], initializers={"alpha": np.float32(alpha)}),
+                           {"a": a, "b": b})[0]
+    m = _permuted_model(pa, pb, py, alpha, {"a": a, "b": b})
+    ours = edgetrain.InferenceSession(m.SerializeToString()).run(None, {"a": a, "b": b})[0]
+    assert ours.shape == want.shape
+    np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5)
+
+
+def test_permuted_matmul_refuses_a_perm_of_the_wrong_rank():
+    feeds = {"a": rand((2, 3, 4)), "b": rand((2, 4, 5))}
+    with pytest.raises(ShapeError, match="pmm.*permA"):
+        m = _permuted_model((1, 0), (0, 1, 2), (0, 1, 2), 1.0, feeds)
+        edgetrain.InferenceSession(m.SerializeToString()).program(feeds)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("node, shapes", [
+    (helper.make_node("MatMul", ["a", "b"], ["y"]), ((37, 19), (19, 23))),
+    (helper.make_node("MatMul", ["a", "b"], ["y"]), ((3, 13, 19), (19, 23))),      # flattened to one GEMM
+    (helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", transA=1, transB=1,
+                      alpha=0.5), ((19, 37), (23, 19))),
+])
+def test_gemms_split_into_row_blocks_across_threads(monkeypatch, threads, node, shapes):
+    """With EDGETRAIN_NUM_THREADS > 1 a large GEMM runs as row blocks that the caller and helper threads claim
+    (kernels/_gemm_threads.py); against onnxruntime, with every GEMM counted as large."""
+    from oracle import run_onnxruntime
+
+    from edgetrain import config
+    from edgetrain.kernels import _gemm_threads
+    monkeypatch.setattr(config, "num_threads", lambda: threads)
+    monkeypatch.setattr(_gemm_threads, "MIN_FLOPS", 0)
+    feeds = {"a": rand(shapes[0], key="ta"), "b": rand(shapes[1], key="tb")}
+    m = model(node, feeds, ["y"])
+    sess = edgetrain.InferenceSession(m.SerializeToString())
+    fn, args = sess.program(feeds).calls[0]
+    assert len(args[0]) == threads * _gemm_threads.BLOCKS_PER_THREAD      # the pool's run over the blocks
+    for _ in range(3):
+        want = run_onnxruntime(m, feeds)[0]
+        np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-5, atol=1e-5)
 
 
 # --- shape-rule errors -------------------------------------------------------------------------------------

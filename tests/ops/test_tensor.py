@@ -228,6 +228,16 @@ def test_expand(src, shape):
     check("Expand", {"x": rand(src)}, {"shape": i64(*shape)})
 
 
+def test_expand_reads_each_runs_input():
+    """The broadcast view is made once, when the program binds its arrays: each run still sees its feed."""
+    m = model(helper.make_node("Expand", ["x", "shape"], ["y"]), {"x": rand((3, 1, 4))}, ["y"],
+              initializers={"shape": i64(2, 3, 5, 4)})
+    sess = edgetrain.InferenceSession(m.SerializeToString())
+    for key in ("first", "second"):
+        feeds = {"x": rand((3, 1, 4), key=key)}
+        np.testing.assert_array_equal(sess.run(None, feeds)[0], run_onnxruntime(m, feeds)[0])
+
+
 @pytest.mark.parametrize("mode, pads, value", [
     ("constant", (1, 0, 2, 3), 1.5),
     ("constant", (0, 2, 1, 0), None),
