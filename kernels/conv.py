@@ -26,6 +26,7 @@ from edgetrain.ops.conv import (
 from edgetrain import parallel
 
 from . import bindable
+from ._gemm_threads import per_image, split
 from ._jit import jit
 
 # Each (n, c) plane is first copied into a zero-padded scratch plane ``xp``, so the copy and multiply-add
@@ -282,9 +283,9 @@ def conv(ctx):
 
     if g.pointwise:
         @bindable
-        def bind_pointwise(*arrays):
-            return with_bias(np.matmul, (arrays[1].reshape(w_shape), arrays[0].reshape(cols_shape),
-                                         arrays[n_in].reshape(y_shape)), arrays)   # ufunc: the third is out
+        def bind_pointwise(*arrays):          # np.matmul is a ufunc: the third argument is out
+            return with_bias(*per_image(np.matmul, arrays[1].reshape(w_shape), arrays[0].reshape(cols_shape),
+                                        arrays[n_in].reshape(y_shape)), arrays)
         return bind_pointwise
 
     @bindable
@@ -297,7 +298,8 @@ def conv(ctx):
                                               arrays[n_in].reshape(y_shape)), arrays)
         im2col = _over_images(_im2col, n, planes.shape[0], lambda lo, hi, k: (
             x[lo:hi], cols[lo:hi], planes[k], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False))
-        gemm = (np.matmul, (arrays[1].reshape(w_shape), cols.reshape(cols_shape), arrays[n_in].reshape(y_shape)))
+        gemm = per_image(np.matmul, arrays[1].reshape(w_shape), cols.reshape(cols_shape),
+                         arrays[n_in].reshape(y_shape))
         return with_bias(*_then(im2col, gemm), arrays)
     return bind_gemm
 
@@ -451,9 +453,10 @@ def _bias_grad(dy, db):
 
 
 def _per_group(a, b, out) -> list[tuple]:
-    """One 2-D product per group (``a[g] @ b[g] -> out[g]``): numpy's stacked matmul is up to 3x slower than
-    its 2-D one when an operand is a transposed view."""
-    return [(a[k], b[k], out[k]) for k in range(a.shape[0])]
+    """One 2-D product per group (``a[g] @ b[g] -> out[g]``) as ``(fn, args)``, in row blocks on intra-op
+    threads when large: numpy's stacked matmul is up to 3x slower than its 2-D one when an operand is a
+    transposed view."""
+    return [split(np.matmul, a[k], b[k], out[k]) for k in range(a.shape[0])]
 
 
 def conv_grad(ctx):
@@ -544,13 +547,13 @@ def conv_grad(ctx):
             if weight is not None:
                 if im2col is not None:
                     im2col[0](*im2col[1])
-                for a, b, out in weight:
-                    np.matmul(a, b, out=out)
+                for fn, gemm in weight:
+                    fn(*gemm)
             if bias is not None:
                 _bias_grad(*bias)
             if dx_call is not None:
-                for a, b, out in dx_call:
-                    np.matmul(a, b, out=out)
+                for fn, gemm in dx_call:
+                    fn(*gemm)
                 if col2im is not None:
                     col2im[0](*col2im[1])
                 for dst, src in back:

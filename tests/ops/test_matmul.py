@@ -223,7 +223,7 @@ def test_gemms_split_into_row_blocks_across_threads(monkeypatch, threads, node, 
     (kernels/_gemm_threads.py); against onnxruntime, with every GEMM counted as large."""
     from oracle import run_onnxruntime
 
-    from edgetrain import config
+    from edgetrain import config, parallel
     from edgetrain.kernels import _gemm_threads
     monkeypatch.setattr(config, "num_threads", lambda: threads)
     monkeypatch.setattr(_gemm_threads, "MIN_FLOPS", 0)
@@ -231,7 +231,7 @@ def test_gemms_split_into_row_blocks_across_threads(monkeypatch, threads, node, 
     m = model(node, feeds, ["y"])
     sess = edgetrain.InferenceSession(m.SerializeToString())
     fn, args = sess.program(feeds).calls[0]
-    assert len(args[0]) == threads * _gemm_threads.BLOCKS_PER_THREAD      # the pool's run over the blocks
+    assert len(args[0]) == threads * parallel.BLOCKS_PER_THREAD      # the pool's run over the blocks
     for _ in range(3):
         want = run_onnxruntime(m, feeds)[0]
         np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-5, atol=1e-5)
