@@ -217,13 +217,19 @@ def _reads_plainly(b: Bound, i: int) -> bool:
     return b.op.key[0] == "" or not (b.ctx.attr("transBatchA") or b.ctx.attr("transBatchB"))
 
 
-def foldable_transposes(spec: Specialized) -> dict[str, str]:
-    """Float transposes of the last two dims whose every reader is a GEMM operand: output -> transposed input."""
+def _readers(spec: Specialized) -> dict[str, list[tuple[Bound, int]]]:
+    """Value name -> the (node, input position) pairs that read it."""
     readers = defaultdict(list)
     for b in spec.nodes:
         for i, name in enumerate(b.node.inputs):
             if name:
                 readers[name].append((b, i))
+    return readers
+
+
+def foldable_transposes(spec: Specialized) -> dict[str, str]:
+    """Float transposes of the last two dims whose every reader is a GEMM operand: output -> transposed input."""
+    readers = _readers(spec)
     folded = {}
     for b in spec.nodes:
         y = b.node.outputs[0]
@@ -238,11 +244,7 @@ def transposed_results(spec: Specialized, folded: dict[str, str]) -> dict[str, s
     ``Transpose(A^T dY)``): GEMM output -> the transpose's output, which the GEMM then writes itself, as
     ``(op(A) op(B))^T = op(B)^T op(A)^T``. Operands of one rank only: an N-D A times a 2-D B is one flattened
     GEMM (``kernels.matmul``), which the swapped form would split into one call per batch index."""
-    readers = defaultdict(list)
-    for b in spec.nodes:
-        for name in b.node.inputs:
-            if name:
-                readers[name].append(b)
+    readers = _readers(spec)
     gemms = {b.node.outputs[0]: b for b in spec.nodes if _reads_plainly(b, 0) and _reads_plainly(b, 1)}
     results = {}
     for b in spec.nodes:
@@ -270,11 +272,7 @@ def permuted_views(spec: Specialized, folded: dict[str, str]) -> dict[str, tuple
     split, ``[N, T, H, D] -> [N, H, T, D]``): output -> (input, perm). The GEMM reads the input through the
     transposed view, which BLAS takes as it is when the input's last dim stays one of the last two (its rows
     then have a unit stride and a leading dimension of at least a row)."""
-    readers = defaultdict(list)
-    for b in spec.nodes:
-        for i, name in enumerate(b.node.inputs):
-            if name:
-                readers[name].append((b, i))
+    readers = _readers(spec)
     views = {}
     for b in spec.nodes:
         y = b.node.outputs[0]
@@ -291,11 +289,7 @@ def permuted_results(spec: Specialized, results: dict[str, str]) -> dict[str, tu
     """GEMM results (operands of one rank) read only by another float transpose that keeps one of their last
     two dims last (attention's heads merged back, ``[N, H, T, D] -> [N, T, H, D]``): GEMM output -> (the
     transpose's output, perm). The GEMM writes through the inverse view of the transpose's output."""
-    readers = defaultdict(list)
-    for b in spec.nodes:
-        for name in b.node.inputs:
-            if name:
-                readers[name].append(b)
+    readers = _readers(spec)
     gemms = {b.node.outputs[0]: b for b in spec.nodes
              if _reads_plainly(b, 0) and _reads_plainly(b, 1) and _same_rank(b)}
     out = {}
