@@ -13,7 +13,9 @@ import numpy as np
 
 from edgetrain import config, parallel
 
-MIN_FLOPS = 1 << 23        # smaller GEMMs (~0.1 ms) stay one call: dispatch would cost more than it saves
+MIN_FLOPS = 1 << 25        # smaller GEMMs (~0.5 ms) stay one call: at 2 threads the hand-offs made the mlp's
+                           # 0.1-0.2 ms GEMMs slower than one thread
+MIN_ROWS = 32              # rows of a block at least: each block packs all of B again
 
 
 def split(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray, *rest):
@@ -23,18 +25,22 @@ def split(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray, *rest):
     if threads < 2 or a.ndim != 2 or b.ndim != 2 or 2 * y.size * a.shape[1] < MIN_FLOPS:
         return fn, (a, b, y, *rest)
     rows = y.shape[0]
-    n = min(rows, threads * parallel.BLOCKS_PER_THREAD)
+    n = min(rows // MIN_ROWS, threads * parallel.BLOCKS_PER_THREAD)
+    if n < 2:
+        return fn, (a, b, y, *rest)
     bounds = [rows * k // n for k in range(n + 1)]
-    blocks = [lambda _slot, lo=lo, hi=hi: fn(a[lo:hi], b, y[lo:hi], *rest)
-              for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+    blocks = [lambda _slot, lo=lo, hi=hi: fn(a[lo:hi], b, y[lo:hi], *rest) for lo, hi in zip(bounds, bounds[1:])]
     return parallel.run_blocks, (blocks, threads)
 
 
 def per_image(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray):
     """``(fn, args)`` for the batched ``fn(a, b, y)`` (y[i] = a @ b[i]; a conv's W times each image's columns),
-    as one block per image on the intra-op threads when threads are configured and the GEMMs are large."""
-    threads = config.num_threads()
-    if threads < 2 or b.shape[0] < 2 or 2 * y.size * a.shape[-1] < MIN_FLOPS:
+    as blocks of whole images (each one stacked call) on the intra-op threads when threads are configured and
+    the GEMMs are large."""
+    threads, images = config.num_threads(), b.shape[0]
+    if threads < 2 or images < 2 or 2 * y.size * a.shape[-1] < MIN_FLOPS:
         return fn, (a, b, y)
-    blocks = [lambda _slot, i=i: fn(a, b[i], y[i]) for i in range(b.shape[0])]
+    n = min(images, threads * parallel.BLOCKS_PER_THREAD)
+    bounds = [images * k // n for k in range(n + 1)]
+    blocks = [lambda _slot, lo=lo, hi=hi: fn(a, b[lo:hi], y[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
     return parallel.run_blocks, (blocks, threads)

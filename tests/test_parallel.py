@@ -56,7 +56,7 @@ def _chain_model(shape):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-@pytest.mark.parametrize("shape", [(2, 8, 64, 64), (1, 3, 200, 200), (4, 2, 9, 7)])
+@pytest.mark.parametrize("shape", [(2, 8, 128, 128), (1, 3, 300, 300), (4, 2, 9, 7)])
 def test_fused_loops_split_over_threads_give_the_same_bits(monkeypatch, shape):
     """The same model at 1 and 2 threads: bit-identical outputs (element-wise work does not depend on the
     split), and the large loops did run split."""
@@ -111,6 +111,7 @@ def test_conv_and_its_gradient_split_over_threads_agree(monkeypatch, tmp_path, g
     from edgetrain.kernels import _gemm_threads
     monkeypatch.setattr(conv, "SPLIT_WORK", 1)       # the test model is small: split anyway
     monkeypatch.setattr(_gemm_threads, "MIN_FLOPS", 0)   # ... and its GEMMs into blocks
+    monkeypatch.setattr(_gemm_threads, "MIN_ROWS", 1)
     x, y = _conv_training(tmp_path, group)
     calls = []
     real = parallel.split

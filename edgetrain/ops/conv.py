@@ -204,7 +204,8 @@ def _conv(ctx: NodeContext):
     return [TensorType(ctx.type(0).dtype, (g.n, g.m) + tuple(out))]
 
 
-SPLIT_WORK = 1 << 18     # multiply-adds of a conv call worth splitting over intra-op threads (a hand-off ~20 us)
+SPLIT_WORK = 1 << 22     # multiply-adds of a conv call worth splitting over intra-op threads (~0.1 ms: waking a
+                         # helper and waiting for its last block cost tens of us, which smaller calls lost)
 
 
 def image_slots(g: ConvGeometry) -> int:

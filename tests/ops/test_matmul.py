@@ -227,6 +227,7 @@ def test_gemms_split_into_row_blocks_across_threads(monkeypatch, threads, node, 
     from edgetrain.kernels import _gemm_threads
     monkeypatch.setattr(config, "num_threads", lambda: threads)
     monkeypatch.setattr(_gemm_threads, "MIN_FLOPS", 0)
+    monkeypatch.setattr(_gemm_threads, "MIN_ROWS", 1)
     feeds = {"a": rand(shapes[0], key="ta"), "b": rand(shapes[1], key="tb")}
     m = model(node, feeds, ["y"])
     sess = edgetrain.InferenceSession(m.SerializeToString())
