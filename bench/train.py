@@ -460,8 +460,8 @@ def workload_section(table, args, python, notes, started, minutes, load, cmd, ru
         f"- machine: {machine()}",
         f"- versions: {versions(python)}",
         f"- command: `{cmd.strip()}` ({run})",
-        "- **caveat**: measured once, on a machine whose 2 cores were shared with up to 7 other busy sessions: "
-        "absolute times are noisy (see the process ranges); the ratios come from the same rotating rounds.",
+        "- **caveat**: few processes and steps per row, on a shared 2-core machine (the load averages above): "
+        "absolute times are noisy; the ratios come from the same rotating rounds.",
         f"- targets (reported, not asserted): {TARGETS}",
         "",
         "## Workloads per system (ratios vs ORT 1.19.2 on its own artifacts at the same thread count)",
@@ -520,7 +520,7 @@ WORKLOAD_NOTES = """\
   (`BatchNormInternal`, training_mode=1), also those exported in inference mode: on `mobilenetv2_*` ORT's frozen
   backbone normalises with batch statistics and updates its running statistics, so its loss differs from
   edgetrain's and torch's (which keep the export's mode) and its step does that extra work.
-- `x2` rows: edgetrain with EDGETRAIN_NUM_THREADS=2 (BLAS and Numba threads), ORT with intra_op_num_threads=2;
+- `x2` rows: edgetrain with EDGETRAIN_NUM_THREADS=2 (its intra-op pool, BLAS at one thread), ORT with intra_op_num_threads=2;
   their ratios are to `ort x2`. The edgetrain x2 rows share the 1-thread rows' kernel cache (no cold start).
 - The protocol is the bench models' (below): fresh processes, rotating order, the same fixed batch everywhere,
   ms/step = median over processes of each process's median step, peak RSS = VmHWM, start = process start ->
