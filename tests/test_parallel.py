@@ -39,6 +39,15 @@ def test_slices_run_at_once_and_errors_surface(monkeypatch):
     assert done == [0]
 
 
+@pytest.fixture
+def split_calls(monkeypatch):
+    """The ``n`` of every ``parallel.split`` call made while the test runs (the splits still run)."""
+    calls = []
+    real = parallel.split
+    monkeypatch.setattr(parallel, "split", lambda n, work, *rest: (calls.append(n), real(n, work, *rest)))
+    return calls
+
+
 def _chain_model(shape):
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
@@ -57,7 +66,7 @@ def _chain_model(shape):
 
 
 @pytest.mark.parametrize("shape", [(2, 8, 128, 128), (1, 3, 300, 300), (4, 2, 9, 7)])
-def test_fused_loops_split_over_threads_give_the_same_bits(monkeypatch, shape):
+def test_fused_loops_split_over_threads_give_the_same_bits(monkeypatch, split_calls, shape):
     """The same model at 1 and 2 threads: bit-identical outputs (element-wise work does not depend on the
     split), and the large loops did run split."""
     import numpy as np
@@ -66,9 +75,7 @@ def test_fused_loops_split_over_threads_give_the_same_bits(monkeypatch, shape):
     from edgetrain.session import InferenceSession
     model = _chain_model(shape).SerializeToString()
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    calls = []
-    real = parallel.split
-    monkeypatch.setattr(parallel, "split", lambda n, work, *rest: (calls.append(n), real(n, work, *rest)))
+    calls = split_calls
     out = {}
     for threads in ("1", "2"):
         monkeypatch.setenv("EDGETRAIN_NUM_THREADS", threads)
@@ -100,7 +107,7 @@ def _conv_training(tmp_path, group):
 
 
 @pytest.mark.parametrize("group", [1, 8])
-def test_conv_and_its_gradient_split_over_threads_agree(monkeypatch, tmp_path, group):
+def test_conv_and_its_gradient_split_over_threads_agree(monkeypatch, split_calls, tmp_path, group):
     """Conv (im2col + GEMM, and depthwise direct) and ConvGrad's im2col/col2im split over the batch at 2
     threads, their GEMMs in blocks (per image, per row block): the same loss and gradient as at 1 thread, and
     the split ran."""
@@ -113,9 +120,7 @@ def test_conv_and_its_gradient_split_over_threads_agree(monkeypatch, tmp_path, g
     monkeypatch.setattr(_gemm_threads, "MIN_FLOPS", 0)   # ... and its GEMMs into blocks
     monkeypatch.setattr(_gemm_threads, "MIN_ROWS", 1)
     x, y = _conv_training(tmp_path, group)
-    calls = []
-    real = parallel.split
-    monkeypatch.setattr(parallel, "split", lambda n, work, *rest: (calls.append(n), real(n, work, *rest)))
+    calls = split_calls
     got = {}
     for threads in ("1", "2"):
         monkeypatch.setenv("EDGETRAIN_NUM_THREADS", threads)
