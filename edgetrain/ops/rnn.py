@@ -259,9 +259,11 @@ def _train_form(op_type: str, n_out: int):
     return form
 
 
-def _grad_vjp(grad_op: str, domain: str, n_saved: int, n_states: int):
-    """The gradient op reads the forward inputs, the saved outputs (HAll and the rest), dY and the final
-    states' gradients; it returns dX, dW, dR, dB, (nothing for sequence_lens), dH0 [, dC0, dP]."""
+def _grad_vjp(grad_op: str, domain: str, n_states: int):
+    """The gradient op reads the forward inputs, the saved outputs (HAll and the rest: ``SAVED``), dY and the
+    final states' gradients; it returns dX, dW, dR, dB, (nothing for sequence_lens), dH0 [, dC0, dP]."""
+    n_saved = len(SAVED[grad_op])
+
     def vjp(g, dys):
         outs = list(g.node.outputs) + [""] * (1 + n_states + n_saved)
         dys = list(dys) + [None] * (1 + n_states + n_saved)
@@ -308,7 +310,7 @@ OPS = (
           attrs=GRU_ATTRS, doc="inputs X, W, R, B, sequence_lens, initial_h, HAll, ZRH, dHAll, dHt; "
                                "outputs dX, dW, dR, dB, dH0"),
     OpDef("GRUTraining", _training, domain=MS, since=1, kernel="rnn.gru", workspace=_rnn_workspace,
-          attrs=GRU_ATTRS, vjp=_grad_vjp("GRUGrad", MS, 2, 1), grad_outputs=3,
+          attrs=GRU_ATTRS, vjp=_grad_vjp("GRUGrad", MS, 1), grad_outputs=3,
           doc="GRU that also outputs the gate activations ZRH [T, D, B, 3H] (z, r, ht~)"),
     OpDef("LSTM", _forward, since=14, kernel="rnn.lstm", workspace=_rnn_workspace, attrs=LSTM_ATTRS,
           train_form=_train_form("LSTMTraining", 5),
@@ -319,11 +321,11 @@ OPS = (
                                 "dHAll, dHt, dCt (onnxruntime 1.19's), P (edgetrain's, for peepholes); "
                                 "outputs dX, dW, dR, dB, dH0, dC0, dP"),
     OpDef("LSTMTraining", _training, domain=MS, since=1, kernel="rnn.lstm", workspace=_rnn_workspace,
-          attrs=LSTM_ATTRS, vjp=_grad_vjp("LSTMGrad", MS, 3, 2), grad_outputs=5,
+          attrs=LSTM_ATTRS, vjp=_grad_vjp("LSTMGrad", MS, 2), grad_outputs=5,
           doc="LSTM that also outputs every cell state CAll [T, D, B, H] and the gate activations IOFC "
               "[T, D, B, 4H]"),
     OpDef("RNN", _forward, since=14, kernel="rnn.rnn", workspace=_rnn_workspace, attrs=RNN_DEFAULTS,
-          vjp=_grad_vjp("RNNGrad", EDGETRAIN, 1, 1), grad_outputs=1,
+          vjp=_grad_vjp("RNNGrad", EDGETRAIN, 1), grad_outputs=1,
           doc="all directions, layouts 0/1, initial_h, sequence_lens; gradient ai.edgetrain RNNGrad"),
     OpDef("RNNGrad", _grad, domain=EDGETRAIN, since=1, kernel="rnn.rnn_grad", workspace=_grad_workspace,
           attrs=RNN_DEFAULTS, doc="inputs X, W, R, B, sequence_lens, initial_h, Y, dY, dY_h; outputs dX, dW, "
