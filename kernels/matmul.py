@@ -13,7 +13,7 @@ alternating measurements. Sums run in another order than BLAS's, within the same
 """
 import numpy as np
 
-from . import bindable
+from . import bindable, direct
 from ._gemm_threads import split
 from ._jit import jit
 
@@ -68,6 +68,36 @@ def fused_matmul(ctx):
     return bind
 
 
+def gemm_bias(ctx):
+    """FusedMatMul then ``+ bias`` (a row of y's column count), one call (plan.fusion's EPILOGUES)."""
+    return _with_epilogue(ctx, False)
+
+
+def gemm_bias_relu(ctx):
+    """... then ReLU as the generated loops clamp (NaN stays NaN)."""
+    return _with_epilogue(ctx, True)
+
+
+def _with_epilogue(ctx, relu: bool):
+    core = fused_matmul(ctx).bind
+
+    @bindable
+    def bind(a, b, bias, y):
+        bias = bias.reshape(-1)
+        fn, args = core(a, b, y)
+        if fn is _gemm_nt:
+            return _gemm_nt_bias, args[:3] + (bias, relu, args[3])
+        epilogue = [_add_bias, (y.reshape(-1, bias.shape[0]), bias, relu, y.dtype.type(0))]
+
+        def run():      # a GEMM of BLAS (or another loop), then the bias loop, called direct from its second run
+            fn(*args)
+            epilogue[0](*epilogue[1])
+            if epilogue[0] is _add_bias:
+                epilogue[0] = direct(_add_bias, epilogue[1])
+        return run, ()
+    return bind
+
+
 def permuted_matmul(ctx):
     """The transposes are numpy views: BLAS takes each matrix of a view whose last two dims have a unit
     stride and a row stride of at least a row (plan.lower makes sure of it) as it is, with its leading dim."""
@@ -103,6 +133,17 @@ def _small_gemm(a, b, y, trans_a: int, trans_b: int):
     if trans_b:
         return _gemm_nt, (a, b, y, y.dtype.type(0))
     return (_gemm_tn if trans_a else _gemm_nn), (a, b, y)
+
+
+@jit
+def _add_bias(y, bias, relu, zero):
+    """y += bias, row by row; then, with ``relu``, ReLU (to ``zero`` of y's type). The expressions of the
+    generated Add / Relu loops, no fastmath: the same bits as the unfolded steps."""
+    m, n = y.shape
+    for i in range(m):
+        for j in range(n):
+            v = y[i, j] + bias[j]
+            y[i, j] = (zero if v < 0 else v) if relu else v
 
 
 @jit(fastmath=True)
@@ -158,6 +199,37 @@ def _gemm_nt(a, b, y, zero):
             for p in range(k):
                 s += a[i, p] * b[jj, p]
             y[i, jj] = s
+
+
+@jit(fastmath=True)
+def _gemm_nt_bias(a, b, y, bias, relu, zero):
+    """_gemm_nt storing ``sum + bias[j]`` (then ReLU'd with ``relu``): each sum rounded to y's type first, as
+    the GEMM's own store would round it, so the bits are the unfolded steps'."""
+    m, n = y.shape
+    k = a.shape[1]
+    for i in range(m):
+        j = 0
+        while j + 4 <= n:
+            s0 = s1 = s2 = s3 = zero
+            for p in range(k):
+                ap = a[i, p]
+                s0 += ap * b[j, p]
+                s1 += ap * b[j + 1, p]
+                s2 += ap * b[j + 2, p]
+                s3 += ap * b[j + 3, p]
+            y[i, j] = s0
+            y[i, j + 1] = s1
+            y[i, j + 2] = s2
+            y[i, j + 3] = s3
+            j += 4
+        for jj in range(j, n):
+            s = zero
+            for p in range(k):
+                s += a[i, p] * b[jj, p]
+            y[i, jj] = s
+        for j in range(n):
+            v = y[i, j] + bias[j]
+            y[i, j] = (zero if v < 0 else v) if relu else v
 
 
 def _scaled_matmul(a, b, y, alpha):
