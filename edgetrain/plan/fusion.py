@@ -26,6 +26,8 @@ MAX_FUSED_INPUTS = 16    # distinct arrays one generated kernel reads
 # (core op, op types of the fused step after it) -> the kernel running both (reads core's inputs, then the bias)
 EPILOGUES = {(("com.microsoft", "FusedMatMul"), ("Add",)): "matmul.gemm_bias",
              (("com.microsoft", "FusedMatMul"), ("Add", "Relu")): "matmul.gemm_bias_relu"}
+EPILOGUE_ELEMENTS = 1 << 16    # results at most this large: beyond, a call's cost is noise next to the GEMM's, and
+                               # the program may split a large fused loop over its threads (runtime.program)
 
 
 @dataclass(eq=False)
@@ -133,7 +135,8 @@ def _epilogue_kernel(core: Step, step: Step, spec: Specialized, readers: dict[st
                                for n, b in enumerate(step.nodes[1:])):
         return None
     t_acc, t_bias = spec.types[acc], spec.types[bias]
-    if len(t_acc.shape) != 2 or t_bias.dtype != t_acc.dtype or t_bias.shape not in ((t_acc.shape[1],),
-                                                                                     (1, t_acc.shape[1])):
+    if len(t_acc.shape) != 2 or t_acc.shape[0] * t_acc.shape[1] > EPILOGUE_ELEMENTS:
+        return None
+    if t_bias.dtype != t_acc.dtype or t_bias.shape not in ((t_acc.shape[1],), (1, t_acc.shape[1])):
         return None
     return kernel if np.dtype(t_acc.dtype) in (np.float32, np.float64) else None
