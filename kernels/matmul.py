@@ -87,15 +87,36 @@ def _with_epilogue(ctx, relu: bool):
         fn, args = core(a, b, y)
         if fn is _gemm_nt:
             return _gemm_nt_bias, args[:3] + (bias, relu, args[3])
-        epilogue = [_add_bias, (y.reshape(-1, bias.shape[0]), bias, relu, y.dtype.type(0))]
-
-        def run():      # a GEMM of BLAS (or another loop), then the bias loop, called direct from its second run
-            fn(*args)
-            epilogue[0](*epilogue[1])
-            if epilogue[0] is _add_bias:
-                epilogue[0] = direct(_add_bias, epilogue[1])
-        return run, ()
+        return _then(fn, args, _add_bias, (y.reshape(-1, bias.shape[0]), bias, relu, y.dtype.type(0)))
     return bind
+
+
+def gemm_column_sums(ctx):
+    """FusedMatMul (transA) and the column sums of its first operand as stored (the ReduceSum over axis 0 that
+    is a Gemm's bias gradient), one call (plan.fusion's SIBLINGS): the small op(a)^T @ b loop reads each
+    a[p, i] once for both, adding in the ReduceSum kernel's order (rows in turn)."""
+    core = fused_matmul(ctx).bind
+
+    @bindable
+    def bind(a, b, y, sums):
+        sums = sums.reshape(-1)
+        fn, args = core(a, b, y)
+        if fn is _gemm_tn:
+            return _gemm_tn_sums, args + (sums,)
+        return _then(fn, args, _column_sums, (a, sums))
+    return bind
+
+
+def _then(fn, args, after, after_args):
+    """``(run, ())`` calling ``fn(*args)`` then the jitted ``after(*after_args)``, direct from its second run."""
+    chosen = [after]
+
+    def run():
+        fn(*args)
+        chosen[0](*after_args)
+        if chosen[0] is after:
+            chosen[0] = direct(after, after_args)
+    return run, ()
 
 
 def permuted_matmul(ctx):
@@ -171,6 +192,32 @@ def _gemm_tn(a, b, y):
             api = a[p, i]
             for j in range(n):
                 y[i, j] += api * b[p, j]
+
+
+@jit(fastmath=True)
+def _gemm_tn_sums(a, b, y, sums):
+    """_gemm_tn, and sums[i] = a[0, i] + a[1, i] + ... as it reads them."""
+    m, n = y.shape
+    for i in range(m):
+        sums[i] = 0.0
+        for j in range(n):
+            y[i, j] = 0.0
+    for p in range(b.shape[0]):
+        for i in range(m):
+            api = a[p, i]
+            sums[i] += api
+            for j in range(n):
+                y[i, j] += api * b[p, j]
+
+
+@jit(fastmath=True)
+def _column_sums(x, sums):
+    """sums[i] = x[0, i] + x[1, i] + ..., rows in turn (the ReduceSum kernel's order)."""
+    for i in range(x.shape[1]):
+        sums[i] = 0.0
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            sums[i] += x[r, i]
 
 
 @jit(fastmath=True)

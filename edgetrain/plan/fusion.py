@@ -10,7 +10,9 @@ pieces before fusion (``plan.lower``).
 
 A GEMM followed by a fused step that only adds a bias row to its result (and maybe clamps it with ReLU) becomes
 one kernel step (``EPILOGUES``): the Gemm lowering's bias Add is otherwise a call of its own, ~0.6 us on a tiny
-GEMM (the digits MLP's whole step is ~26 us). The kernel adds the bias to each sum as it stores it.
+GEMM (the digits MLP's whole step is ~26 us). The kernel adds the bias to each sum as it stores it. Likewise a
+Gemm's bias gradient (ReduceSum over rows of dY) next to its weight gradient (dY^T @ X) becomes one step
+(``SIBLINGS``): the GEMM loop sums each dY value it reads.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..ops.reduce import reduce_axes
 from .specialize import Bound, Specialized
 
 MAX_FUSED_OPS = 32       # ops in one generated kernel
@@ -26,6 +29,8 @@ MAX_FUSED_INPUTS = 16    # distinct arrays one generated kernel reads
 # (core op, op types of the fused step after it) -> the kernel running both (reads core's inputs, then the bias)
 EPILOGUES = {(("com.microsoft", "FusedMatMul"), ("Add",)): "matmul.gemm_bias",
              (("com.microsoft", "FusedMatMul"), ("Add", "Relu")): "matmul.gemm_bias_relu"}
+# (op of a step, op of the GEMM step next to it reading the same first operand) -> the kernel running both
+SIBLINGS = {(("", "ReduceSum"), ("com.microsoft", "FusedMatMul")): "matmul.gemm_column_sums"}
 EPILOGUE_ELEMENTS = 1 << 16    # results at most this large: beyond, a call's cost is noise next to the GEMM's, and
                                # the program may split a large fused loop over its threads (runtime.program)
 
@@ -112,7 +117,13 @@ def fold_epilogues(steps: list[Step], spec: Specialized, readers: dict[str, int]
         prev = out[-1] if out else None
         kernel = _epilogue_kernel(prev, step, spec, readers) if prev is not None else None
         if kernel is None:
-            out.append(step)
+            pair = _sibling_pair(prev, step, spec) if prev is not None else None
+            if pair is not None:
+                gemm, other = pair
+                out[-1] = Step("kernel", gemm.nodes + other.nodes, list(gemm.inputs), gemm.outputs + other.outputs,
+                               kernel=SIBLINGS[(other.nodes[0].op.key, gemm.nodes[0].op.key)])
+            else:
+                out.append(step)
             continue
         acc = prev.outputs[0]
         bias = next(i for i in step.nodes[0].node.inputs if i != acc)
@@ -140,3 +151,27 @@ def _epilogue_kernel(core: Step, step: Step, spec: Specialized, readers: dict[st
     if t_bias.dtype != t_acc.dtype or t_bias.shape not in ((t_acc.shape[1],), (1, t_acc.shape[1])):
         return None
     return kernel if np.dtype(t_acc.dtype) in (np.float32, np.float64) else None
+
+
+def _sibling_pair(first: Step, second: Step, spec: Specialized) -> tuple[Step, Step] | None:
+    """(GEMM step, ReduceSum step) when two adjacent steps are a ``SIBLINGS`` pair: the GEMM takes its first
+    operand, a 2-D float matrix, transposed (so it reads it row by row) and the ReduceSum sums it over rows
+    (of more than one column: the ReduceSum kernel sums one column in another order, in partial sums)."""
+    for gemm, other in ((first, second), (second, first)):
+        if gemm.kind != "kernel" or other.kind != "kernel" or gemm.kernel or other.kernel:
+            continue
+        if (other.nodes[0].op.key, gemm.nodes[0].op.key) not in SIBLINGS:
+            continue
+        g, r = gemm.nodes[0], other.nodes[0]
+        x = r.node.inputs[0]
+        if len(gemm.outputs) != 1 or len(other.outputs) != 1 or g.node.inputs[0] != x or x in g.node.outputs:
+            continue
+        t = spec.types[x]
+        if len(t.shape) != 2 or t.shape[1] < 2 or np.dtype(t.dtype) not in (np.float32, np.float64) or reduce_axes(r.ctx) != (0,):
+            continue
+        if g.ctx.attr("transA") != 1 or other.outputs[0] in gemm.inputs or gemm.outputs[0] in other.inputs:
+            continue
+        if spec.types[gemm.outputs[0]].dtype != t.dtype or spec.types[other.outputs[0]].dtype != t.dtype:
+            continue
+        return gemm, other
+    return None

@@ -213,6 +213,44 @@ def test_gemm_epilogue_not_folded_when_the_sum_is_read_elsewhere():
     assert_matches(m_, {"a": a}, oracle=run_onnxruntime, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("path", ["loop", "blas"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k, m, n", [(32, 10, 32), (7, 2, 5), (5, 6, 3)])
+def test_gemm_column_sums_sibling(monkeypatch, path, dtype, k, m, n):
+    """A ReduceSum over the rows of a GEMM's transposed first operand (a Gemm's bias and weight gradients) runs
+    in the GEMM's call (plan.fusion's SIBLINGS): the same bits as the two steps apart, onnxruntime's numbers."""
+    from edgetrain.kernels import matmul as kernels
+
+    monkeypatch.setattr(kernels, "SMALL_AXPY", 1 << 16 if path == "loop" else 0)
+    x, b = rand((k, m), dtype, "x"), rand((k, n), dtype, "b")
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+             helper.make_node("FusedMatMul", ["x", "b"], ["y"], domain="com.microsoft", transA=1)]
+    m_ = model(nodes, {"x": x}, ["y", "s"], initializers={"b": b, "axes": np.array([0], np.int64)})
+    sess = edgetrain.InferenceSession(m_.SerializeToString())
+    prog = sess.program({"x": x})
+    assert [s.label for s in prog.plan.steps] == ["kernel:FusedMatMul+ReduceSum"]
+    assert (prog.calls[0][0] is kernels._gemm_tn_sums) == (path == "loop")
+    ours = [o.copy() for o in sess.run(None, {"x": x})]
+    monkeypatch.setenv("EDGETRAIN_NO_FUSION", "1")
+    apart = edgetrain.InferenceSession(m_.SerializeToString()).run(None, {"x": x})
+    for got, want in zip(ours, apart):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(ours, run_onnxruntime(m_, {"x": x})):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape, axis", [((4, 3), 1), ((9, 1), 0)])
+def test_column_sums_not_folded_over_another_axis_or_one_column(shape, axis):
+    """Over columns: not the GEMM's sums; one column: the ReduceSum kernel adds it in partial sums."""
+    x, b = rand(shape, key="x"), rand((shape[0], 5), key="b")
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+             helper.make_node("FusedMatMul", ["x", "b"], ["y"], domain="com.microsoft", transA=1)]
+    m_ = model(nodes, {"x": x}, ["y", "s"], initializers={"b": b, "axes": np.array([axis], np.int64)})
+    prog = edgetrain.InferenceSession(m_.SerializeToString()).program({"x": x})
+    assert [s.label for s in prog.plan.steps] == ["kernel:ReduceSum", "kernel:FusedMatMul"]
+    assert_matches(m_, {"x": x}, oracle=run_onnxruntime, rtol=1e-5, atol=1e-5)
+
+
 def _permuted_model(pa, pb, py, alpha, feeds):
     node = helper.make_node("PermutedMatMul", ["a", "b"], ["y"], name="pmm", domain="ai.edgetrain", permA=pa,
                             permB=pb, permY=py, alpha=alpha)
