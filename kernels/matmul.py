@@ -13,7 +13,7 @@ alternating measurements. Sums run in another order than BLAS's, within the same
 """
 import numpy as np
 
-from . import bindable, direct
+from . import bindable
 from ._gemm_threads import split
 from ._jit import jit
 
@@ -87,14 +87,21 @@ def _with_epilogue(ctx, relu: bool):
         fn, args = core(a, b, y)
         if fn is _gemm_nt:
             return _gemm_nt_bias, args[:3] + (bias, relu, args[3])
-        return _then(fn, args, _add_bias, (y.reshape(-1, bias.shape[0]), bias, relu, y.dtype.type(0)))
+        rows, zero = y.reshape(-1, bias.shape[0]), y.dtype.type(0)
+
+        def run():      # numpy, not a jitted loop: no kernel signature that only some batch sizes would need
+            fn(*args)   # (a trimmed build has the kernels its recorded batch sizes ran)
+            np.add(rows, bias, out=rows)
+            if relu:
+                np.maximum(rows, zero, out=rows)    # NaN stays NaN, as the generated Relu
+        return run, ()
     return bind
 
 
 def gemm_column_sums(ctx):
     """FusedMatMul (transA) and the column sums of its first operand as stored (the ReduceSum over axis 0 that
     is a Gemm's bias gradient), one call (plan.fusion's SIBLINGS): the small op(a)^T @ b loop reads each
-    a[p, i] once for both, adding in the ReduceSum kernel's order (rows in turn)."""
+    a[p, i] once for both, adding in the ReduceSum kernel's order (rows in turn, as numpy's too)."""
     core = fused_matmul(ctx).bind
 
     @bindable
@@ -103,20 +110,12 @@ def gemm_column_sums(ctx):
         fn, args = core(a, b, y)
         if fn is _gemm_tn:
             return _gemm_tn_sums, args + (sums,)
-        return _then(fn, args, _column_sums, (a, sums))
+
+        def run():      # numpy, as in _with_epilogue
+            fn(*args)
+            np.add.reduce(a, axis=0, out=sums)
+        return run, ()
     return bind
-
-
-def _then(fn, args, after, after_args):
-    """``(run, ())`` calling ``fn(*args)`` then the jitted ``after(*after_args)``, direct from its second run."""
-    chosen = [after]
-
-    def run():
-        fn(*args)
-        chosen[0](*after_args)
-        if chosen[0] is after:
-            chosen[0] = direct(after, after_args)
-    return run, ()
 
 
 def permuted_matmul(ctx):
@@ -154,17 +153,6 @@ def _small_gemm(a, b, y, trans_a: int, trans_b: int):
     if trans_b:
         return _gemm_nt, (a, b, y, y.dtype.type(0))
     return (_gemm_tn if trans_a else _gemm_nn), (a, b, y)
-
-
-@jit
-def _add_bias(y, bias, relu, zero):
-    """y += bias, row by row; then, with ``relu``, ReLU (to ``zero`` of y's type). The expressions of the
-    generated Add / Relu loops, no fastmath: the same bits as the unfolded steps."""
-    m, n = y.shape
-    for i in range(m):
-        for j in range(n):
-            v = y[i, j] + bias[j]
-            y[i, j] = (zero if v < 0 else v) if relu else v
 
 
 @jit(fastmath=True)
@@ -208,16 +196,6 @@ def _gemm_tn_sums(a, b, y, sums):
             sums[i] += api
             for j in range(n):
                 y[i, j] += api * b[p, j]
-
-
-@jit(fastmath=True)
-def _column_sums(x, sums):
-    """sums[i] = x[0, i] + x[1, i] + ..., rows in turn (the ReduceSum kernel's order)."""
-    for i in range(x.shape[1]):
-        sums[i] = 0.0
-    for r in range(x.shape[0]):
-        for i in range(x.shape[1]):
-            sums[i] += x[r, i]
 
 
 @jit(fastmath=True)

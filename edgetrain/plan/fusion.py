@@ -31,8 +31,6 @@ EPILOGUES = {(("com.microsoft", "FusedMatMul"), ("Add",)): "matmul.gemm_bias",
              (("com.microsoft", "FusedMatMul"), ("Add", "Relu")): "matmul.gemm_bias_relu"}
 # (op of a step, op of the GEMM step next to it reading the same first operand) -> the kernel running both
 SIBLINGS = {(("", "ReduceSum"), ("com.microsoft", "FusedMatMul")): "matmul.gemm_column_sums"}
-EPILOGUE_ELEMENTS = 1 << 16    # results at most this large: beyond, a call's cost is noise next to the GEMM's, and
-                               # the program may split a large fused loop over its threads (runtime.program)
 
 
 @dataclass(eq=False)
@@ -146,7 +144,7 @@ def _epilogue_kernel(core: Step, step: Step, spec: Specialized, readers: dict[st
                                for n, b in enumerate(step.nodes[1:])):
         return None
     t_acc, t_bias = spec.types[acc], spec.types[bias]
-    if len(t_acc.shape) != 2 or t_acc.shape[0] * t_acc.shape[1] > EPILOGUE_ELEMENTS:
+    if len(t_acc.shape) != 2:      # not on sizes: a batch size must not change which kernels a plan needs
         return None
     if t_bias.dtype != t_acc.dtype or t_bias.shape not in ((t_acc.shape[1],), (1, t_acc.shape[1])):
         return None
