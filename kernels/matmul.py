@@ -13,7 +13,7 @@ alternating measurements. Sums run in another order than BLAS's, within the same
 """
 import numpy as np
 
-from . import bindable
+from . import bindable, direct
 from ._gemm_threads import split
 from ._jit import jit
 
@@ -85,23 +85,19 @@ def _with_epilogue(ctx, relu: bool):
     def bind(a, b, bias, y):
         bias = bias.reshape(-1)
         fn, args = core(a, b, y)
+        zero = y.dtype.type(0)
         if fn is _gemm_nt:
-            return _gemm_nt_bias, args[:3] + (bias, relu, args[3])
-        rows, zero = y.reshape(-1, bias.shape[0]), y.dtype.type(0)
-
-        def run():      # numpy, not a jitted loop: no kernel signature that only some batch sizes would need
-            fn(*args)   # (a trimmed build has the kernels its recorded batch sizes ran)
-            np.add(rows, bias, out=rows)
-            if relu:
-                np.maximum(rows, zero, out=rows)    # NaN stays NaN, as the generated Relu
-        return run, ()
+            return _gemm_nt_bias, args[:3] + (bias, relu, zero, False)
+        rows = y.reshape(-1, bias.shape[0])     # K = 0 below: the loop only adds the bias to what y holds
+        return _then(fn, args, _gemm_nt_bias, (np.empty((rows.shape[0], 0), y.dtype),
+                                               np.empty((bias.shape[0], 0), y.dtype), rows, bias, relu, zero, True))
     return bind
 
 
 def gemm_column_sums(ctx):
     """FusedMatMul (transA) and the column sums of its first operand as stored (the ReduceSum over axis 0 that
     is a Gemm's bias gradient), one call (plan.fusion's SIBLINGS): the small op(a)^T @ b loop reads each
-    a[p, i] once for both, adding in the ReduceSum kernel's order (rows in turn, as numpy's too)."""
+    a[p, i] once for both, adding in the ReduceSum kernel's order (rows in turn)."""
     core = fused_matmul(ctx).bind
 
     @bindable
@@ -110,12 +106,23 @@ def gemm_column_sums(ctx):
         fn, args = core(a, b, y)
         if fn is _gemm_tn:
             return _gemm_tn_sums, args + (sums,)
-
-        def run():      # numpy, as in _with_epilogue
-            fn(*args)
-            np.add.reduce(a, axis=0, out=sums)
-        return run, ()
+        return _then(fn, args, _gemm_tn_sums, (a, np.empty((a.shape[0], 0), a.dtype),     # N = 0: only the sums
+                                               np.empty((sums.shape[0], 0), a.dtype), sums))
     return bind
+
+
+def _then(fn, args, after, after_args):
+    """``(run, ())``: ``fn(*args)``, then ``after(*after_args)``, called direct from its second run. ``after`` is
+    the small loop with an empty operand, so the same kernel signature on either path: a trimmed build that
+    recorded one batch size runs the others."""
+    chosen = [after]
+
+    def run():
+        fn(*args)
+        chosen[0](*after_args)
+        if chosen[0] is after:
+            chosen[0] = direct(after, after_args)
+    return run, ()
 
 
 def permuted_matmul(ctx):
@@ -227,15 +234,19 @@ def _gemm_nt(a, b, y, zero):
 
 
 @jit(fastmath=True)
-def _gemm_nt_bias(a, b, y, bias, relu, zero):
-    """_gemm_nt storing ``sum + bias[j]`` (then ReLU'd with ``relu``): each sum rounded to y's type first, as
-    the GEMM's own store would round it, so the bits are the unfolded steps'."""
+def _gemm_nt_bias(a, b, y, bias, relu, zero, keep):
+    """_gemm_nt storing ``sum + bias[j]`` (then ReLU'd with ``relu``, as the generated Relu: NaN stays NaN); each
+    sum in y's type first, as the GEMM's own store rounds it, so the bits are the unfolded steps'. ``keep``: the
+    sums start from what y holds (K = 0 then adds the bias to a GEMM computed elsewhere)."""
     m, n = y.shape
     k = a.shape[1]
     for i in range(m):
         j = 0
         while j + 4 <= n:
-            s0 = s1 = s2 = s3 = zero
+            s0 = y[i, j] if keep else zero
+            s1 = y[i, j + 1] if keep else zero
+            s2 = y[i, j + 2] if keep else zero
+            s3 = y[i, j + 3] if keep else zero
             for p in range(k):
                 ap = a[i, p]
                 s0 += ap * b[j, p]
@@ -248,7 +259,7 @@ def _gemm_nt_bias(a, b, y, bias, relu, zero):
             y[i, j + 3] = s3
             j += 4
         for jj in range(j, n):
-            s = zero
+            s = y[i, jj] if keep else zero
             for p in range(k):
                 s += a[i, p] * b[jj, p]
             y[i, jj] = s
