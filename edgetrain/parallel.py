@@ -7,7 +7,8 @@ Blocks are claimed, not assigned: on cores shared with other processes a helper 
 holds no work, the caller takes the next block itself, so a call is never slower than the caller alone (a static
 split waits a whole time slice for the late share; gpt at 2 threads on a busy host ran 5x slower that way).
 Each thread passes its slot (caller 0, helpers 1...) to the blocks it runs, so a block can use that thread's
-own scratch. Between jobs the helpers busy-wait (without the GIL, for ``SPIN_US``) before they sleep, and the
+own scratch. Between jobs the helpers busy-wait (without the GIL, for ``config.spin_us()``: longer than the gaps
+between the splits of one training step) before they sleep, and the
 caller busy-waits for its last block: a hand-off then costs a few microseconds instead of an OS wake-up (tens of
 them on these VMs), so callers may split smaller work when ``spins()``.
 """
@@ -21,9 +22,6 @@ import numpy as np
 from . import config
 
 BLOCKS_PER_THREAD = 4      # blocks to claim per thread: a late helper costs at most one block
-SPIN_US = 300              # how long a helper watches for the next job, and the caller for its last block, before
-                           # sleeping: longer than the gaps between the splits of one training step
-
 _spin = []                 # [loop, its rounds per microsecond] once kernels/_spin registered its nogil busy-wait
 
 
@@ -45,7 +43,7 @@ def spins() -> bool:
 
 
 def _spin_rounds(spin: list) -> int:
-    """Rounds of ``spin``'s loop (a copy of ``_spin``) in ``SPIN_US``; its speed timed once (the fastest of three
+    """Rounds of ``spin``'s loop (a copy of ``_spin``) in ``config.spin_us()``; its speed timed once (the fastest of three
     short runs: a preempted run reads slow, which only shortens the spin)."""
     loop, per_us = spin
     if per_us is None:
@@ -60,7 +58,7 @@ def _spin_rounds(spin: list) -> int:
         current = _spin[:]
         if current and current[0] is loop:
             _spin[1] = per_us
-    return int(per_us * SPIN_US)
+    return int(per_us * config.spin_us())
 
 
 def slots() -> int:

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from edgetrain import parallel
+from edgetrain import config, parallel
 
 
 @pytest.mark.parametrize("threads,n,min_each", [(1, 10, 1), (2, 10, 1), (2, 1, 1), (3, 7, 1), (2, 10, 6),
@@ -174,7 +174,7 @@ def test_a_helpers_error_is_raised_after_every_block_stopped(hand_off, monkeypat
     """The caller's own blocks end first; the helper's block is still running when the caller looks (its wait
     for the last block is a spin of ``spin_us``, then a sleep): the error comes only once that block stopped."""
     import time
-    monkeypatch.setattr(parallel, "SPIN_US", spin_us)
+    monkeypatch.setenv("EDGETRAIN_SPIN_US", str(spin_us))
     barrier = threading.Barrier(2, timeout=10)
     stopped = []
 
@@ -192,9 +192,9 @@ def test_a_helpers_error_is_raised_after_every_block_stopped(hand_off, monkeypat
 
 
 def test_idle_helpers_stop_spinning_and_sleep(hand_off, monkeypatch):
-    """The spin is bounded: with no job, every helper is asleep on the lock after ``SPIN_US``."""
+    """The spin is bounded: with no job, every helper is asleep on the lock after ``EDGETRAIN_SPIN_US``."""
     import time
-    monkeypatch.setattr(parallel, "SPIN_US", 2000)
+    monkeypatch.setenv("EDGETRAIN_SPIN_US", "2000")
     parallel.run_blocks([lambda slot: None] * 6, 3)
     pool = parallel.pool(3)
     deadline = time.monotonic() + 10
@@ -205,13 +205,13 @@ def test_idle_helpers_stop_spinning_and_sleep(hand_off, monkeypatch):
 
 
 @pytest.mark.native
-def test_idle_pool_burns_no_cpu(monkeypatch):
+def test_idle_pool_burns_no_cpu():
     """After a job, the process uses no CPU once the spin ran out (measures the host: native)."""
     import time
 
     import edgetrain.kernels  # noqa: F401
     parallel.run_blocks([lambda slot: None] * 4, 2)
-    time.sleep(0.1 + parallel.SPIN_US * 1e-6)
+    time.sleep(0.1 + config.spin_us() * 1e-6)
     t = time.process_time()
     time.sleep(0.3)
     assert time.process_time() - t < 0.05
@@ -237,3 +237,11 @@ def test_spin_loop_sees_another_threads_write_and_checks_its_index():
     writer.join()
     with pytest.raises(IndexError, match="spin"):
         loop(state, 2, 0, True, 1)
+
+
+def test_spin_time_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("EDGETRAIN_SPIN_US", "0")
+    assert config.spin_us() == 0
+    monkeypatch.setenv("EDGETRAIN_SPIN_US", "fast")
+    with pytest.raises(ValueError, match="EDGETRAIN_SPIN_US"):
+        config.spin_us()
