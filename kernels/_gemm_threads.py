@@ -13,21 +13,16 @@ import numpy as np
 
 from edgetrain import config, parallel
 
-MIN_FLOPS = 1 << 25        # smaller GEMMs (~0.5 ms) stay one call, when the threads busy-wait between jobs
-MIN_FLOPS_ASLEEP = 1 << 25  # ... and when they sleep (no Numba: the trimmed build, NUMBA_DISABLE_JIT): an OS
-                            # wake-up per hand-off made the mlp's 0.1-0.3 ms GEMMs slower than one thread
+MIN_FLOPS = 1 << 25        # smaller GEMMs (~0.5 ms) stay one call: at 2 threads the hand-offs made the mlp's
+                           # 0.1-0.2 ms GEMMs slower than one thread
 MIN_ROWS = 32              # rows of a block at least: each block packs all of B again
-
-
-def _min_flops() -> int:
-    return MIN_FLOPS if parallel.spins() else MIN_FLOPS_ASLEEP
 
 
 def split(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray, *rest):
     """``(fn, args)`` for ``fn(a, b, y, *rest)`` (y = a @ b, row by row), as row blocks run on the intra-op
     threads (``edgetrain.parallel``) when threads are configured and the GEMM is large, else the one call."""
     threads = config.num_threads()
-    if threads < 2 or a.ndim != 2 or b.ndim != 2 or 2 * y.size * a.shape[1] < _min_flops():
+    if threads < 2 or a.ndim != 2 or b.ndim != 2 or 2 * y.size * a.shape[1] < MIN_FLOPS:
         return fn, (a, b, y, *rest)
     rows = y.shape[0]
     n = min(rows // MIN_ROWS, threads * parallel.BLOCKS_PER_THREAD)
@@ -43,7 +38,7 @@ def per_image(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray):
     as blocks of whole images (each one stacked call) on the intra-op threads when threads are configured and
     the GEMMs are large."""
     threads, images = config.num_threads(), b.shape[0]
-    if threads < 2 or images < 2 or 2 * y.size * a.shape[-1] < _min_flops():
+    if threads < 2 or images < 2 or 2 * y.size * a.shape[-1] < MIN_FLOPS:
         return fn, (a, b, y)
     n = min(images, threads * parallel.BLOCKS_PER_THREAD)
     bounds = [images * k // n for k in range(n + 1)]
