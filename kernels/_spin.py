@@ -10,7 +10,7 @@ offers the core to other threads (``sched_yield``): on oversubscribed cores a sp
 delay the very thread it waits for.
 
 Registered with ``edgetrain.parallel`` when ``_jit`` loads Numba (the trimmed build has no ``_spin``): a warm
-process that never loads Numba keeps the sleeping hand-off (``parallel.spins()`` says which one runs).
+process that never loads Numba keeps the sleeping hand-off (``parallel.spin_loop()`` is None there).
 """
 from __future__ import annotations
 
