@@ -413,6 +413,41 @@ def _gru_back(dy, has_dy, zrh, hprev, q, dh, dpre, drec, t, lens, fa, ga, lbr):
 
 
 @jit
+def _gru_back_std(dy, has_dy, zrh, hprev, q, dh, dpre, drec, t, lens, lbr):
+    """``_gru_back`` for Sigmoid, Tanh, in loops LLVM vectorizes (see ``_lstm_step_std``): each loop writes
+    one array at one offset, and recomputes dh_t and da_h (a few products) rather than storing them."""
+    batch, hidden = dh.shape
+    h2 = 2 * hidden
+    for b in range(batch):
+        if t >= lens[b]:
+            dpre[b] = 0
+            drec[b] = 0
+            continue
+        g, dyb, dhb, hpb, pb, rb = zrh[b], dy[b], dh[b], hprev[b], dpre[b], drec[b]
+        for j in range(hidden):      # da_z
+            pb[j] = (dhb[j] + (dyb[j] if has_dy else 0.0)) * (hpb[j] - g[h2 + j]) * (g[j] * (1.0 - g[j]))
+        for j in range(hidden):      # da_h
+            pb[h2 + j] = (dhb[j] + (dyb[j] if has_dy else 0.0)) * (1.0 - g[j]) * (1.0 - g[h2 + j] * g[h2 + j])
+        for j in range(hidden):
+            rb[j] = pb[j]
+        if lbr:
+            qb = q[b]
+            for j in range(hidden):      # da_r
+                dah = (dhb[j] + (dyb[j] if has_dy else 0.0)) * (1.0 - g[j]) * (1.0 - g[h2 + j] * g[h2 + j])
+                pb[hidden + j] = dah * qb[j] * (g[hidden + j] * (1.0 - g[hidden + j]))
+            for j in range(hidden):
+                rb[hidden + j] = pb[hidden + j]
+            for j in range(hidden):
+                dah = (dhb[j] + (dyb[j] if has_dy else 0.0)) * (1.0 - g[j]) * (1.0 - g[h2 + j] * g[h2 + j])
+                rb[h2 + j] = dah * g[hidden + j]
+        else:
+            for j in range(hidden):
+                rb[h2 + j] = pb[h2 + j]
+        for j in range(hidden):
+            dhb[j] = (dhb[j] + (dyb[j] if has_dy else 0.0)) * g[j]
+
+
+@jit
 def _gru_back_reset(drh, zrh, hprev, dh, dpre, drec, t, lens, fa):
     """Without linear_before_reset: drh = da_h Rh is the gradient of r * h_{t-1}: r's pre-activation gradient
     and h_{t-1}'s share through r."""
@@ -667,8 +702,13 @@ def _backward(ctx, cell):
                     np.matmul(hp, rd[2 * hidden:].T, out=aux)
                     np.add(aux, rb[2 * hidden:], out=aux)
                 for t in steps:
-                    _gru_back(dy4[t, d] if dy4 is not None else dh, dy4 is not None, zrh4[t, d], hp3[t],
-                              aux3[t], dh, dpd[t], drd[t], t, lens, acts[0], acts[1], lbr)
+                    dyt = dy4[t, d] if dy4 is not None else dh
+                    if v.std[d]:
+                        _gru_back_std(dyt, dy4 is not None, zrh4[t, d], hp3[t], aux3[t], dh, dpd[t], drd[t],
+                                      t, lens, lbr)
+                    else:
+                        _gru_back(dyt, dy4 is not None, zrh4[t, d], hp3[t], aux3[t], dh, dpd[t], drd[t], t,
+                                  lens, acts[0], acts[1], lbr)
                     if lbr:
                         np.matmul(drd[t], rd, out=tmp)
                     else:
