@@ -153,6 +153,7 @@ def generate(step: Step, spec: Specialized, in_place: bool = False) -> FusedKern
 
 
 _LOADED: dict[str, object] = {}
+_SOURCES: dict[str, str] = {}      # module name of a loaded generated kernel -> its source
 
 
 def load(source: str):
@@ -169,6 +170,11 @@ def load(source: str):
     return warm if warm is not None else _load_jit(source)
 
 
+def source_of(module_name: str) -> str | None:
+    """The source of the generated kernel module ``module_name`` loaded in this process, or None."""
+    return _SOURCES.get(module_name)
+
+
 def _load_jit(source: str):
     from ..kernels import _jit
 
@@ -182,6 +188,7 @@ def _load_jit(source: str):
     module = types.ModuleType(name)
     module.__file__ = str(path)
     sys.modules[name] = module
+    _SOURCES[name] = source
     exec(compile(source, str(path), "exec"), module.__dict__)     # noqa: S102 -- edgetrain's own source
     _LOADED[key] = _jit.register(module.kernel)
     return _LOADED[key]

@@ -14,6 +14,7 @@ import importlib
 import numpy as np
 
 from .. import codegen
+from ..codegen import parallel_compile
 from ..errors import InputError
 from .. import parallel
 from ..plan import Plan
@@ -145,6 +146,8 @@ class Program:
         """``inputs``: one array per ``plan.fed_inputs``; returns views valid until the next run."""
         for slot, x in zip(self.input_slots, inputs):
             np.copyto(slot, x)
+        if not self._direct:
+            parallel_compile.compile_ahead(self.calls)
         for fn, args in self.calls:
             fn(*args)
         if not self._direct:
