@@ -36,7 +36,7 @@ def direct(fn, args: tuple):
 
 
 def checked(kernel, call, ctx, input_index: int, values, allowed: str):
-    """``(fn, ())`` running ``kernel(*call)``, which returns -1 or the flat position of the first value of input
+    """``(fn, ())`` running ``kernel(*call)`` (``fn.kernel_calls`` says so: a first run compiles it ahead), which returns -1 or the flat position of the first value of input
     ``input_index`` outside what ``allowed`` says; that one is refused, naming the node, tensor and value.
     From the second call on ``kernel`` is called ``direct``."""
     chosen = [kernel]
@@ -47,4 +47,5 @@ def checked(kernel, call, ctx, input_index: int, values, allowed: str):
             raise ctx.bad_value(input_index, values, bad, allowed)
         if chosen[0] is kernel:
             chosen[0] = direct(kernel, call)
+    run.kernel_calls = ((kernel, call),)
     return run, ()

@@ -112,3 +112,59 @@ def test_pending_lists_each_kernel_and_signature_once_and_split_keeps_a_kernel_w
     assert [(fn, len(sig)) for fn, sig in jobs] == [(f, 2), (g, 2), (f, 2)]
     here, helper = parallel_compile.split(jobs)
     assert [fn for fn, _ in here] == [f, f] and [fn for fn, _ in helper] == [g]
+
+
+def test_a_launcher_that_lists_its_kernels_has_them_compiled_ahead():
+    """``kernels.checked`` (SoftmaxCrossEntropy, Gather, ...) and LayerNormalization's launchers run their kernels
+    inside a closure; ``kernel_calls`` names them, so the helper can take them too."""
+    from edgetrain import codegen
+    from edgetrain.codegen import parallel_compile
+    from edgetrain.kernels import checked
+
+    src = ("import numpy as np\nfrom numba import njit\n\n\n@njit(cache=True, nogil=True, error_model=\"numpy\")\n"
+           "def kernel(a0, o0):\n    o0[0] = a0[0] + np.float32({k})\n")
+    f = codegen.load(src.format(k=103))
+    x = np.zeros(2, np.float32)
+    run, args = checked(f, (x, x), None, 0, x, "anything")
+    assert args == () and [(fn, len(sig)) for fn, sig in parallel_compile.pending([(run, args)])] == [(f, 2)]
+
+
+def test_the_helper_runs_only_when_a_cpu_is_free(monkeypatch):
+    from edgetrain.codegen import parallel_compile
+
+    monkeypatch.delenv("EDGETRAIN_COMPILE_WORKERS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.5, 0.0, 0.0))
+    assert parallel_compile.workers() == 2
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 0.0, 0.0))
+    assert parallel_compile.workers() == 1
+    monkeypatch.setenv("EDGETRAIN_COMPILE_WORKERS", "2")
+    assert parallel_compile.workers() == 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setenv("EDGETRAIN_COMPILE_WORKERS", "")
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert parallel_compile.workers() == 1
+
+
+def test_cache_saves_wait_for_the_lock_another_process_holds(tmp_path):
+    """Numba's cache saves run under ``atomic.locked`` on the cache folder's lock file (a second open file
+    description, as another process has, cannot take it meanwhile)."""
+    import fcntl
+
+    from edgetrain import atomic
+    from edgetrain.codegen import parallel_compile
+    from edgetrain.kernels import _jit
+
+    assert parallel_compile.lock_cache_saves(_jit.load_numba())
+    from numba.core import caching
+
+    assert getattr(caching.IndexDataCacheFile.save, "edgetrain_locked", False)
+    path = tmp_path / "lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        with atomic.locked(path):
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)

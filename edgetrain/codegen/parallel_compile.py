@@ -1,8 +1,8 @@
 """Cold start: a program's first run compiles its kernels in two processes at once.
 
 Numba holds the GIL while it compiles, so threads would not help. Before a program's first run, the kernels it
-calls directly that have no compiled code for the types of their bound arguments yet are split in two: a
-short-lived helper process (``python -m edgetrain.codegen.parallel_compile``) compiles one half into the shared
+calls directly (or through a launcher that lists them: ``kernel_calls``) that have no code for the types of
+their bound arguments yet are split in two: a short-lived helper process (``python -m edgetrain.codegen.parallel_compile``) compiles one half into the shared
 Numba disk cache while this process compiles the other; the run then loads the helper's half from the cache
 (~3 ms a kernel). Numba's code, and so every result, is the same as a serial compile's.
 
@@ -10,12 +10,14 @@ All signatures of one kernel go to one process, and every Numba cache save (inde
 a lock on the cache folder: two processes saving overloads of one function would otherwise both pick the same
 data file name. A helper that fails or is killed costs nothing but time: whatever it had not saved is compiled
 here at the first call, as without it (Numba writes each cache file to a temporary name and renames it, so no
-half-written entry is ever read). Off with ``EDGETRAIN_COMPILE_WORKERS=1``, on a single CPU, on the warm path
-(nothing compiles there) and under ``NUMBA_DISABLE_JIT``.
+half-written entry is ever read). A helper pays only on a CPU nobody else uses: on a busy machine the two
+processes share the same CPUs and their starts (~0.5 s each of Python, numpy, Numba) are lost, so by default it
+runs only while the 1-minute load average leaves a CPU free. ``EDGETRAIN_COMPILE_WORKERS=1`` switches it off,
+``=2`` on; it is always off on a single CPU, on the warm path (nothing compiles there) and under
+``NUMBA_DISABLE_JIT``.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import pickle
@@ -23,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from .. import config
+from .. import atomic, config
 
 WORKERS_ENV = "EDGETRAIN_COMPILE_WORKERS"
 MIN_KERNELS = 6            # below this the helper's start (~0.5 s: Python, numpy, Numba) costs more than it saves
@@ -32,8 +34,8 @@ LOCK_NAME = ".edgetrain-save.lock"
 
 
 def workers() -> int:
-    """Processes compiling at once: ``EDGETRAIN_COMPILE_WORKERS`` (1 switches the helper off), else 2 when this
-    process may run on two CPUs or more."""
+    """Processes compiling at once: ``EDGETRAIN_COMPILE_WORKERS`` (1 switches the helper off, 2 on), else 2 when
+    this process may run on two CPUs or more and the load average leaves one of them free."""
     explicit = os.environ.get(WORKERS_ENV, "").strip()
     if explicit:
         return max(1, int(explicit))
@@ -41,7 +43,11 @@ def workers() -> int:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return 2 if cpus >= 2 else 1
+    try:
+        busy = os.getloadavg()[0]     # this process counts in it too
+    except OSError:
+        busy = float(cpus)
+    return 2 if cpus >= 2 and busy <= cpus - 1 else 1
 
 
 def _logger():
@@ -50,11 +56,18 @@ def _logger():
     return logging.getLogger("edgetrain.compile")
 
 
+def kernel_calls(calls):
+    """``calls`` with each launcher that says which kernels it calls (``fn.kernel_calls``: ``(kernel, args)``
+    pairs, e.g. ``kernels.checked``) replaced by those."""
+    for fn, args in calls:
+        yield from getattr(fn, "kernel_calls", ((fn, args),))
+
+
 def pending(calls) -> list[tuple[object, tuple]]:
     """``(dispatcher, argument types)`` per Numba dispatcher among ``calls`` (``(fn, args)`` pairs) that has no
     code for its arguments yet, in call order, each pair once."""
     seen, out = set(), []
-    for fn, args in calls:
+    for fn, args in kernel_calls(calls):
         if not (hasattr(fn, "overloads") and hasattr(fn, "typeof_pyval") and hasattr(fn, "py_func")):
             continue      # a launcher (its kernels compile at the first call), a warm or trimmed kernel
         try:
@@ -104,19 +117,6 @@ def _resolve(ref):
     return fn
 
 
-@contextlib.contextmanager
-def _cache_lock():
-    import fcntl
-
-    path = os.path.join(os.environ["NUMBA_CACHE_DIR"], LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)       # closing releases the lock
-
-
 def lock_cache_saves(numba) -> bool:
     """Make Numba's cache saves (read index, pick a data file name, write both) one locked step across
     processes. False (and nothing changed) if this Numba has no ``IndexDataCacheFile.save``."""
@@ -129,7 +129,7 @@ def lock_cache_saves(numba) -> bool:
         return True
 
     def locked_save(self, key, data):
-        with _cache_lock():
+        with atomic.locked(os.path.join(os.environ["NUMBA_CACHE_DIR"], LOCK_NAME)):
             return save(self, key, data)
     locked_save.edgetrain_locked = True
     cls.save = locked_save
