@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import pickle
-import subprocess
 import sys
 import time
 
@@ -149,6 +147,9 @@ def compile_ahead(calls) -> dict:
     jobs = pending(calls)
     if len({id(fn) for fn, _ in jobs}) < MIN_KERNELS:
         return report
+    import pickle
+    import subprocess     # here, not at the top: a warm start imports this module and never compiles
+
     from ..kernels import _jit
 
     if not lock_cache_saves(_jit.load_numba()):
@@ -194,6 +195,8 @@ def compile_ahead(calls) -> dict:
 
 
 def _helper_main() -> int:
+    import pickle
+
     from ..kernels import _jit     # configures Numba before the pickled Numba types import it
 
     jobs = pickle.loads(sys.stdin.buffer.read())    # noqa: S301 -- written by the parent edgetrain process
