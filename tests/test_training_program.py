@@ -146,3 +146,36 @@ def test_conv_pool_and_batch_norm_launchers_bind(shared, name, x_shape):
     calls = [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
     tp.run(True, batch)
     assert calls == [[(fn, tuple(map(id, args))) for fn, args in p.calls] for p in progs]
+
+
+def test_a_step_like_the_last_one_binds_as_the_full_lookup(shared):
+    """The binding of the last call is reused after comparing shapes and dtypes (no hashing). Oracle: the same
+    calls where every one goes through the binding dict (the last binding forgotten before each): the same
+    losses, eval outputs and gradients bit for bit, and the same refusals, over changing batch sizes, modes and
+    label dtypes."""
+    d = shared / "ort_artifacts" / "digits"
+    ckpt = checkpoint.load(d / "checkpoint")
+
+    def make():
+        return TrainingProgram(load_graph(d / "training_model.onnx"), ckpt.trainable | ckpt.frozen,
+                               load_graph(d / "eval_model.onnx"))
+    fast, full = make(), make()
+    x, y = _batch(3)
+    calls = [(True, x, y), (True, x, y), (True, x[:8], y[:8]), (False, x[:8], y[:8]), (False, x, y),
+             (True, x, y), (True, x, y.astype(np.int32)), (True, x[:8], y[:8]), (True, x, y)]
+    for training, *inputs in calls:
+        results = []
+        for tp in (fast, full):
+            full._recent.clear()
+            try:
+                outs, picked = tp.run(training, tuple(inputs))
+                results.append([np.array(outs[k]) for k in picked] + list(_grads(tp).values()))
+            except InputError as e:
+                results.append(str(e))
+            tp.lazy_reset_grad()
+        if isinstance(results[1], str):
+            assert results[0] == results[1]
+            continue
+        for got, want in zip(*results, strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert len(fast.bound_steps()) == len(full.bound_steps()) == 4

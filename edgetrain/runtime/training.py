@@ -66,6 +66,11 @@ class BoundStep:
     feed_order: list[int]              # user-input position of each of plan.fed_inputs
     results: list[int]                 # program outputs the caller gets, loss first
 
+    def __post_init__(self):
+        # the program takes the user inputs as they come (none reordered; its run ignores trailing ones it does not
+        # read): passed on without a new list
+        self.feeds_in_order = self.feed_order == list(range(len(self.feed_order)))
+
 
 class TrainingProgram:
     """A training model (and optionally an eval model) bound to one state store.
@@ -115,6 +120,9 @@ class TrainingProgram:
         self._programs: dict = {}       # (training, input shapes) -> Program (training: the step's first)
         self._steps: dict = {}          # the same keys, training -> TrainingStep
         self._bound: dict = {}          # (training, (shape, dtype) per input) -> BoundStep
+        # training -> (BoundStep, shapes, dtypes) of the last call: a step on inputs like the last one's compares
+        # them (hashing shapes and dtypes for the dict costs more than the comparison)
+        self._recent: dict = {}
         self.arena: np.ndarray | None = None    # shared by every program here: they never run at once
 
     # -- binding ----------------------------------------------------------------------------------------------
@@ -177,6 +185,13 @@ class TrainingProgram:
 
     def bind(self, training: bool, user_inputs) -> BoundStep:
         """The bound step for inputs of these shapes and dtypes (validated, planned and bound on first use)."""
+        recent = self._recent.get(training)
+        if recent is not None and len(user_inputs) == len(recent[1]):
+            for x, shape, dtype in zip(user_inputs, recent[1], recent[2]):
+                if x.shape != shape or x.dtype is not dtype:    # a dtype not the same object: the dict decides
+                    break
+            else:
+                return recent[0]
         key = (training, *((x.shape, x.dtype) for x in user_inputs))
         bound = self._bound.get(key)
         if bound is None:
@@ -186,6 +201,7 @@ class TrainingProgram:
             feed_order = [io.user_inputs.index(n) for n in prog.plan.fed_inputs]
             results = [k for k, name in enumerate(names) if name in io.outputs]
             bound = self._bound[key] = BoundStep(prog, step, feed_order, results)
+        self._recent[training] = (bound, tuple(x.shape for x in user_inputs), tuple(x.dtype for x in user_inputs))
         return bound
 
     # -- steps --------------------------------------------------------------------------------------------------
@@ -195,9 +211,9 @@ class TrainingProgram:
         A training step commits its gradients (overwriting them after ``lazy_reset_grad``, else adding) and
         running statistics only if its loss is finite and no kernel raised."""
         bound = self.bind(training, user_inputs)
-        inputs = [user_inputs[k] for k in bound.feed_order]
+        inputs = user_inputs if bound.feeds_in_order else [user_inputs[k] for k in bound.feed_order]
         if bound.step is not None:
-            outs = bound.step.run(inputs, accumulate=not self.reset_pending)
+            outs = bound.step.run(inputs, not self.reset_pending)
             self.reset_pending = False
         else:
             outs = bound.program.run(inputs)
