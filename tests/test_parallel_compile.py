@@ -21,7 +21,7 @@ if mode == "failing":
 elif mode == "killed":       # dies part-way, wherever it is (a cache write included)
     parallel_compile.helper_command = lambda: [sys.executable, "-c",
         "import os, threading; threading.Timer(float(os.environ['KILL_AFTER']), lambda: os._exit(9)).start(); "
-        "from edgetrain.codegen.parallel_compile import _helper_main; _helper_main()"]
+        + parallel_compile.HELPER]
 SOURCE = '''import math
 import numpy as np
 from numba import njit
@@ -103,7 +103,8 @@ def test_pending_lists_each_kernel_and_signature_once_and_split_keeps_a_kernel_w
     from edgetrain import codegen
     from edgetrain.codegen import parallel_compile
 
-    src = ("import numpy as np\nfrom numba import njit\n\n\n@njit(cache=True, nogil=True, error_model=\"numpy\")\n"
+    src = ("import numpy as np\nfrom numba import njit\n\n\n"
+           "@njit(cache=True, nogil=True, error_model=\"numpy\")\n"
            "def kernel(a0, o0):\n    o0[0] = a0[0] + np.float32({k})\n")
     f, g = codegen.load(src.format(k=101)), codegen.load(src.format(k=102))
     x32, x64 = np.zeros(2, np.float32), np.zeros(2, np.float64)
@@ -115,13 +116,14 @@ def test_pending_lists_each_kernel_and_signature_once_and_split_keeps_a_kernel_w
 
 
 def test_a_launcher_that_lists_its_kernels_has_them_compiled_ahead():
-    """``kernels.checked`` (SoftmaxCrossEntropy, Gather, ...) and LayerNormalization's launchers run their kernels
-    inside a closure; ``kernel_calls`` names them, so the helper can take them too."""
+    """``kernels.checked`` (SoftmaxCrossEntropy, Gather, ...) and LayerNormalization's launchers run their
+    kernels inside a closure; ``kernel_calls`` names them, so the helper can take them too."""
     from edgetrain import codegen
     from edgetrain.codegen import parallel_compile
     from edgetrain.kernels import checked
 
-    src = ("import numpy as np\nfrom numba import njit\n\n\n@njit(cache=True, nogil=True, error_model=\"numpy\")\n"
+    src = ("import numpy as np\nfrom numba import njit\n\n\n"
+           "@njit(cache=True, nogil=True, error_model=\"numpy\")\n"
            "def kernel(a0, o0):\n    o0[0] = a0[0] + np.float32({k})\n")
     f = codegen.load(src.format(k=103))
     x = np.zeros(2, np.float32)

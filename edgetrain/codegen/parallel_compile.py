@@ -2,9 +2,10 @@
 
 Numba holds the GIL while it compiles, so threads would not help. Before a program's first run, the kernels it
 calls directly (or through a launcher that lists them: ``kernel_calls``) that have no code for the types of
-their bound arguments yet are split in two: a short-lived helper process (``python -m edgetrain.codegen.parallel_compile``) compiles one half into the shared
-Numba disk cache while this process compiles the other; the run then loads the helper's half from the cache
-(~3 ms a kernel). Numba's code, and so every result, is the same as a serial compile's.
+their bound arguments yet are split in two: a short-lived helper process (``HELPER``: this process's Python
+and ``sys.path``) compiles one half into the shared Numba disk cache while this process compiles the other;
+the run then loads the helper's half from the cache (~3 ms a kernel). Numba's code, and so every result, is
+the same as a serial compile's.
 
 All signatures of one kernel go to one process, and every Numba cache save (index and data file) is made under
 a lock on the cache folder: two processes saving overloads of one function would otherwise both pick the same
@@ -26,7 +27,7 @@ import time
 from .. import atomic, config
 
 WORKERS_ENV = "EDGETRAIN_COMPILE_WORKERS"
-MIN_KERNELS = 6            # below this the helper's start (~0.5 s: Python, numpy, Numba) costs more than it saves
+MIN_KERNELS = 6     # below this the helper's start (~0.5 s: Python, numpy, Numba) costs more than it saves
 HELPER_TIMEOUT_S = 900.0
 LOCK_NAME = ".edgetrain-save.lock"
 
@@ -134,8 +135,14 @@ def lock_cache_saves(numba) -> bool:
     return True
 
 
+# The helper's sys.path is this process's, set before it imports anything of edgetrain's: it imports the same
+# package, and not whatever its working folder holds (``python -m``/``-c`` would put that first)
+HELPER = ("import pickle, sys; paths, jobs = pickle.loads(sys.stdin.buffer.read()); sys.path[:] = paths; "
+          "from edgetrain.codegen.parallel_compile import _helper_main; sys.exit(_helper_main(jobs))")
+
+
 def helper_command() -> list[str]:
-    return [sys.executable, "-m", "edgetrain.codegen.parallel_compile"]
+    return [sys.executable, "-c", HELPER]
 
 
 def compile_ahead(calls) -> dict:
@@ -156,7 +163,8 @@ def compile_ahead(calls) -> dict:
         return report
     t0 = time.perf_counter()
     mine, theirs = split(jobs)
-    payload = pickle.dumps([(_reference(fn), sig) for fn, sig in theirs])
+    jobs = pickle.dumps([(_reference(fn), sig) for fn, sig in theirs])     # Numba types: loaded after Numba
+    payload = pickle.dumps(([os.path.abspath(p) for p in sys.path], jobs))
     env = dict(os.environ, EDGETRAIN_NO_AOT="1", **{WORKERS_ENV: "1"})
     helper = subprocess.Popen(helper_command(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, env=env)
@@ -189,17 +197,19 @@ def compile_ahead(calls) -> dict:
                           "here instead", report["helper_failed"], len(theirs))
     report["seconds"] = time.perf_counter() - t0
     if config.debug():
-        print(f"edgetrain: compiled {report['here']} kernels here and {report['helper']} in a helper process in "
-              f"{report['seconds']:.2f} s", file=sys.stderr)
+        print(f"edgetrain: compiled {report['here']} kernels here and {report['helper']} in a helper process "
+              f"in {report['seconds']:.2f} s", file=sys.stderr)
     return report
 
 
-def _helper_main() -> int:
+def _helper_main(jobs: bytes) -> int:
+    """The helper process: compile the pickled ``[(reference, signature), ...]`` (from the parent's own
+    ``compile_ahead``, through a pipe) into the disk cache."""
     import pickle
 
     from ..kernels import _jit     # configures Numba before the pickled Numba types import it
 
-    jobs = pickle.loads(sys.stdin.buffer.read())    # noqa: S301 -- written by the parent edgetrain process
+    jobs = pickle.loads(jobs)    # noqa: S301 -- written by the parent edgetrain process
     if not lock_cache_saves(_jit.load_numba()):
         print("edgetrain: this Numba has no IndexDataCacheFile.save to lock", file=sys.stderr)
         return 3
@@ -207,6 +217,3 @@ def _helper_main() -> int:
         _resolve(ref).compile(sig)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(_helper_main())
