@@ -187,6 +187,18 @@ def _as_ort_value(a: np.ndarray) -> OrtValue:
     return np.array(a).view(OrtValue)
 
 
+def _note_for_warm_set(uri) -> None:
+    """A training model read from a file: once this process has run its kernels under the JIT, the exit hook
+    of ``minimal_build/autowarm.py`` builds the warm kernel set of its folder (the trimmed package, which has
+    no JIT to warm, has no ``minimal_build``)."""
+    if isinstance(uri, (str, os.PathLike)):
+        try:
+            from .minimal_build import autowarm
+        except ImportError:
+            return
+        autowarm.note(uri)
+
+
 class Module:
     """A training model (and optionally its eval model) bound to a CheckpointState.
 
@@ -207,6 +219,7 @@ class Module:
         ckpt = state._checkpoint
         values = {n: None if ckpt.is_nominal else a for n, a in (ckpt.trainable | ckpt.frozen).items()}
         train = _load(train_model_uri)
+        _note_for_warm_set(train_model_uri)
         eval_graph = None if eval_model_uri is None else _load(eval_model_uri)
         self._runtime = TrainingProgram(train, values, eval_graph, max_memory)
         state._store = self._runtime.store

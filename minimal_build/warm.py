@@ -13,6 +13,7 @@ again with the new ones, so the set keeps serving them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -39,10 +40,35 @@ def warmed_before(set_key: str) -> dict[str, list[int]]:
         return {}
 
 
-def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None) -> dict:
+LOCK = ".build.lock"
+
+
+@contextlib.contextmanager
+def build_lock(wait: bool = True):
+    """Hold the cache's build lock (one build at a time: each merges the folders warmed before, so two at once
+    would drop one's folders); yields whether it is held (False only with ``wait=False`` when another holds it)."""
+    import fcntl
+
+    fd = os.open(config.cache_folder("aot") / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)     # releases the lock
+
+
+def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None, locked: bool = False) -> dict:
     """Compile the kernels of ``artifact_folders`` (and of those warmed before) at ``batch_sizes`` into this
-    user's cache; returns the set's manifest. Needs a C compiler and Python's headers (``numba.pycc``)."""
+    user's cache; returns the set's manifest. Needs a C compiler and Python's headers (``numba.pycc``).
+    Waits for a build already running (``locked``: the caller holds ``build_lock``)."""
     log = log or (lambda msg: None)
+    if not locked:
+        with build_lock(wait=True):
+            return build(artifact_folders, batch_sizes, log, locked=True)
     folders = [str(Path(f).resolve()) for f in artifact_folders]
     sizes = sorted({int(b) for b in batch_sizes})
     if not folders:
@@ -58,11 +84,14 @@ def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None) -> dict:
     sizes = sorted(set(sizes).union(*before.values()))
     if before:
         log(f"the warm set also holds {len(before)} folder(s) warmed before; compiling them again with the new ones")
+    for stale in config.cache_folder("aot").glob(".stage-*"):
+        shutil.rmtree(stale, ignore_errors=True)      # a build cut off (under this lock, no other build runs)
     stage = config.cache_folder("aot") / f".stage-{os.getpid()}-{secrets.token_hex(4)}"
     stage.mkdir(mode=0o700)
     try:
         log(f"compiling the kernels of {len(everything)} artifact folder(s) at batch sizes {sizes} (tens of seconds)")
-        env = dict(os.environ, EDGETRAIN_NO_AOT="1")   # the recording process runs the JIT it records
+        # the recording process runs the JIT it records, and starts no automatic build of its own
+        env = dict(os.environ, EDGETRAIN_NO_AOT="1", EDGETRAIN_NO_AUTOWARM="1")
         cmd = [sys.executable, "-m", "edgetrain.minimal_build.warm", str(stage), "--batch-size",
                ",".join(map(str, sizes)), *everything]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
