@@ -541,9 +541,9 @@ NOTES = """\
 - start: process start (the parent's clock just before spawning) -> first step done, median over processes;
   for edgetrain this is the default flow's warm start: the cold run filled Numba's cache and, on its way out,
   started the automatic warm set's build (minimal_build/autowarm.py), which the timed runs wait for (its time
-  is the targets table's "automatic warm set" column); they then load it and import no Numba. cold start: edgetrain with an empty
-  `EDGETRAIN_CACHE_DIR` (a fresh directory per artifacts set), so it includes compiling every kernel. The OS
-  file cache is warm in both.
+  is the targets table's "automatic warm set" column); they then load it and import no Numba.
+  cold start: edgetrain with an empty `EDGETRAIN_CACHE_DIR` (a fresh directory per artifacts set), so it
+  includes compiling every kernel. The OS file cache is warm in both.
 - loss: the loss returned by the first and the last step (computed before that step's update). ORT's AdamW is
   the Hugging Face form (eps added to sqrt(v) before bias correction); torch.optim.AdamW's form differs, so
   torch's last loss differs more than the others (ANCHORS.md: up to 4e-3 after 50 steps on mlp)."""

@@ -5,6 +5,7 @@ Semantics follow ORT 1.19 (ORT_FORMATS.md §2) where ORT is right, and raise cle
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -187,16 +188,29 @@ def _as_ort_value(a: np.ndarray) -> OrtValue:
     return np.array(a).view(OrtValue)
 
 
+_TRAINED_FROM: list = []      # training model files this process read (for the warm kernel set, on exit)
+
+
 def _note_for_warm_set(uri) -> None:
-    """A training model read from a file: once this process has run its kernels under the JIT, the exit hook
-    of ``minimal_build/autowarm.py`` builds the warm kernel set of its folder (the trimmed package, which has
-    no JIT to warm, has no ``minimal_build``)."""
+    """A training model read from a file: if this process ran kernels under the JIT, the warm kernel set of its
+    folder is built when it exits (``minimal_build/autowarm.py``)."""
     if isinstance(uri, (str, os.PathLike)):
+        if not _TRAINED_FROM:
+            import atexit
+
+            atexit.register(_build_warm_set)
+        _TRAINED_FROM.append(uri)
+
+
+def _build_warm_set() -> None:
+    # a process the warm set served has no Numba, and does not import the build's modules at all; the trimmed
+    # package (no JIT to warm) has no ``minimal_build``
+    if "numba" in sys.modules:
         try:
             from .minimal_build import autowarm
         except ImportError:
             return
-        autowarm.note(uri)
+        autowarm.at_exit(_TRAINED_FROM)
 
 
 class Module:

@@ -1,17 +1,20 @@
-"""The warm set built by default: a process that ran artifact folders' kernels under the JIT starts, as it exits,
-a detached low-priority ``edgetrain warm`` of those folders; later processes load the set and never import Numba.
+"""The warm set built by default: a process that ran artifact folders' kernels under the JIT starts, as it
+exits, a detached low-priority ``edgetrain warm`` of those folders; later processes load the set and never
+import Numba.
 
-What decides (``decide``): the JIT ran in this process (Numba loaded and a kernel compiled or came from Numba's
-cache), at least one training model was read from an artifact folder the current set (``kernels/_warm.py``'s key)
-does not already hold, and no earlier automatic build of the same folders under the same key failed. What is then
-checked before spawning: a C compiler and Python's headers (``numba.pycc`` needs both; without them nothing runs),
-``EDGETRAIN_NO_AUTOWARM`` unset, the warm path itself on (``EDGETRAIN_NO_AOT``, ``NUMBA_DISABLE_JIT``).
+What decides (``decide``): the JIT ran in this process (Numba loaded and a kernel compiled or came from
+Numba's cache), at least one training model was read from an artifact folder the current set (``_warm``'s
+key) does not already hold, and no earlier automatic build of the same folders under the same key failed.
+Checked before spawning: a C compiler and Python's headers (``numba.pycc`` needs both; without them nothing
+runs), ``EDGETRAIN_NO_AUTOWARM`` unset, the warm path itself on (``EDGETRAIN_NO_AOT``, ``NUMBA_DISABLE_JIT``).
+``api`` calls ``at_exit`` only in a process that imported Numba: a process the set served imports none of this.
 
 The background process (``python -m edgetrain.minimal_build.autowarm FOLDER...``) runs at nice 19 in its own
-session, takes the build lock without waiting (a build already running wins; the folders it lacks are asked for
-again by the next process that needs them), and calls ``warm.build``: staged in the cache, then put in place
-whole, so a process starting meanwhile sees the old set or none, never half of one. ``<cache>/aot/autowarm.json``
-says how the last automatic build went (folders, state, seconds, error), ``autowarm.log`` what it printed.
+session, takes the build lock without waiting (a build already running wins; the folders it lacks are asked
+for again by the next process that needs them), and calls ``warm.build``: staged in the cache, then put in
+place whole, so a process starting meanwhile sees the old set or none, never half of one.
+``<cache>/aot/autowarm.json`` says how the last automatic build went (folders, state, seconds, error),
+``autowarm.log`` what it printed.
 
 Only folders the user's own process opened are built, and ``warm.build`` runs them through the same checked
 loaders as any training run: nothing in a model becomes code, and the set's manifest is checked as data when
@@ -30,32 +33,18 @@ STATUS = "autowarm.json"
 LOG = "autowarm.log"
 NICENESS = 19
 
-_NOTED: list[str] = []          # artifact folders whose training models this process read
-
-
 def enabled() -> bool:
     from ..kernels import _warm
 
     return not config.flag(OPT_OUT) and _warm.enabled()
 
 
-def note(train_model_uri) -> None:
-    """Remember the folder of a training model read from a file (``api.Module``); the first note registers the
-    exit hook that decides whether to build."""
-    folder = str(Path(train_model_uri).resolve().parent)
-    if folder not in _NOTED:
-        if not _NOTED:
-            import atexit
-
-            atexit.register(_at_exit)
-        _NOTED.append(folder)
-
-
 def decide(noted, jit_ran: bool, warmed, failed) -> list[str]:
     """The folders to build, or [] for none.
 
     ``noted``: artifact folders this process trained from; ``jit_ran``: whether kernels ran under the JIT;
-    ``warmed``: folders the current set holds; ``failed``: folders an automatic build under this key failed for."""
+    ``warmed``: folders the current set holds; ``failed``: folders an automatic build under this key failed
+    for."""
     if not jit_ran:
         return []
     wanted = sorted(set(noted) - set(warmed))
@@ -126,15 +115,17 @@ def artifact_folders(folders) -> list[str]:
     return kept
 
 
-def plan() -> list[str]:
-    """What this process would build now ([] for nothing): ``decide`` on this process's facts."""
-    if not _NOTED or not enabled() or not _jit_ran():
+def plan(model_files) -> list[str]:
+    """What this process would build now ([] for nothing): ``decide`` on this process's facts
+    (``model_files``: the training models it read)."""
+    if not model_files or not enabled() or not _jit_ran():
         return []
     from ..kernels import _warm
     from .warm import warmed_before
 
     set_key = _warm.key()
-    return decide(artifact_folders(_NOTED), True, warmed_before(set_key), _failed_before(set_key))
+    noted = sorted({str(Path(f).resolve().parent) for f in model_files})
+    return decide(artifact_folders(noted), True, warmed_before(set_key), _failed_before(set_key))
 
 
 def start(folders: list[str]):
@@ -152,11 +143,12 @@ def start(folders: list[str]):
                             start_new_session=True, close_fds=True, env=env)
 
 
-def _at_exit() -> None:
+def at_exit(model_files) -> None:
+    """``api``'s exit hook (in a process that imported Numba): start the build ``plan`` asks for, if any."""
     from ..errors import EdgetrainError
 
     try:
-        folders = plan()
+        folders = plan(model_files)
         if folders:
             start(folders)
     except (OSError, EdgetrainError) as e:     # the run itself succeeded: its exit must not fail for this
@@ -188,7 +180,8 @@ def main(argv=None) -> int:
         if not folders:
             return 0
         started = time.time()
-        status = {"key": set_key, "folders": folders, "state": "running", "started": started, "pid": os.getpid()}
+        status = {"key": set_key, "folders": folders, "state": "running", "started": started,
+                  "pid": os.getpid()}
         atomic.write_text(aot / STATUS, json.dumps(status))
         with open(aot / LOG, "w") as log:
             try:

@@ -135,6 +135,6 @@ def test_switched_off_and_where_it_cannot_build(monkeypatch, tmp_path):
 def test_only_completeartifact_folders_are_built(shared, tmp_path):
     lone = tmp_path / "lone"
     lone.mkdir()
-    (lone / "training_model.onnx").write_bytes((shared / "ort_artifacts" / "digits" / "training_model.onnx").read_bytes())
     digits = str(shared / "ort_artifacts" / "digits")
+    (lone / "training_model.onnx").write_bytes((Path(digits) / "training_model.onnx").read_bytes())
     assert autowarm.artifact_folders([str(lone), digits]) == [digits]
