@@ -289,11 +289,23 @@ def autowarm_build(cache: Path, appear_s: float = 30, timeout_s: float = 1800) -
         waited = time.monotonic() - t0
         if status is not None and status.get("state") != "running":
             return status
+        if status is not None and not _alive(status.get("pid")):
+            status = autowarm.read_status(path)          # it may have written its end and exited since
+            return status if status and status.get("state") != "running" else {
+                "state": "none", "why": "the build's process died"}
         if status is None and waited > appear_s:
             return {"state": "none", "why": f"no build started within {appear_s:.0f} s of the cold run"}
         if waited > timeout_s:
             return {"state": "none", "why": f"still building after {timeout_s:.0f} s"}
         time.sleep(0.5)
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError):
+        return False
+    return True
 
 
 def autowarm_text(status: dict | None) -> str:

@@ -67,6 +67,10 @@ def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None, locked: b
     Waits for a build already running (``locked``: the caller holds ``build_lock``)."""
     log = log or (lambda msg: None)
     if not locked:
+        with build_lock(wait=False) as held:
+            if held:
+                return build(artifact_folders, batch_sizes, log, locked=True)
+        log("another build of the warm kernel set is running (an automatic one?); waiting for it")
         with build_lock(wait=True):
             return build(artifact_folders, batch_sizes, log, locked=True)
     folders = [str(Path(f).resolve()) for f in artifact_folders]
