@@ -188,29 +188,31 @@ def _as_ort_value(a: np.ndarray) -> OrtValue:
     return np.array(a).view(OrtValue)
 
 
-_TRAINED_FROM: list = []      # training model files this process read (for the warm kernel set, on exit)
+_TRAINED_FROM: list[str] = []      # artifact folders this process trained from (for the warm kernel set, on exit)
 
 
-def _note_for_warm_set(uri) -> None:
-    """A training model read from a file: if this process ran kernels under the JIT, the warm kernel set of its
-    folder is built when it exits (``minimal_build/autowarm.py``)."""
-    if isinstance(uri, (str, os.PathLike)):
+def _note_for_warm_set(train_model_uri, optimizer_uri) -> None:
+    """Training and optimizer models read from one folder: if this process runs kernels under the JIT, the
+    warm kernel set of that folder is built when it exits (``kernels/_autowarm.py``)."""
+    if not all(isinstance(u, (str, os.PathLike)) for u in (train_model_uri, optimizer_uri)):
+        return
+    folder = os.path.dirname(os.path.realpath(train_model_uri))
+    if folder == os.path.dirname(os.path.realpath(optimizer_uri)) and folder not in _TRAINED_FROM:
         if not _TRAINED_FROM:
             import atexit
 
             atexit.register(_build_warm_set)
-        _TRAINED_FROM.append(uri)
+        _TRAINED_FROM.append(folder)
 
 
 def _build_warm_set() -> None:
-    # a process the warm set served has no Numba, and does not import the build's modules at all; the trimmed
-    # package (no JIT to warm) has no ``minimal_build``
-    if "numba" in sys.modules:
-        try:
-            from .minimal_build import autowarm
-        except ImportError:
-            return
-        autowarm.at_exit(_TRAINED_FROM)
+    if "numba" not in sys.modules:   # the warm set served this process
+        return
+    try:
+        from .kernels import _autowarm
+    except ImportError:             # the trimmed package: no JIT to warm
+        return
+    _autowarm.at_exit(_TRAINED_FROM)
 
 
 class Module:
@@ -233,11 +235,11 @@ class Module:
         ckpt = state._checkpoint
         values = {n: None if ckpt.is_nominal else a for n, a in (ckpt.trainable | ckpt.frozen).items()}
         train = _load(train_model_uri)
-        _note_for_warm_set(train_model_uri)
         eval_graph = None if eval_model_uri is None else _load(eval_model_uri)
         self._runtime = TrainingProgram(train, values, eval_graph, max_memory)
         state._store = self._runtime.store
         self._state = state
+        self._train_model_uri = train_model_uri
         self.training = True
 
     @property
@@ -423,6 +425,7 @@ class Optimizer:
         self._module = module
         runtime = module.training_program
         self._runtime = runtime.attach_optimizer(_load(optimizer_uri))
+        _note_for_warm_set(module._train_model_uri, optimizer_uri)
         self.initial_learning_rate = DEFAULT_LEARNING_RATE
         ckpt = module._state._checkpoint
         if ckpt.optimizer_groups:

@@ -30,16 +30,6 @@ from ..kernels import _warm
 DEFAULT_BATCH_SIZES = (1, 32)   # 1 and any other size cover both broadcast patterns of a symbolic batch dim
 
 
-def warmed_before(set_key: str) -> dict[str, list[int]]:
-    """Artifact folders the current set for ``set_key`` was built from (those that still exist), or {}."""
-    try:
-        manifest = json.loads((_warm.folder(set_key) / _warm.MANIFEST).read_text())
-        artifacts = manifest["artifacts"] if manifest.get("key") == set_key else {}
-        return {str(f): sorted({int(b) for b in sizes}) for f, sizes in artifacts.items() if Path(f).is_dir()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
-
-
 LOCK = ".build.lock"
 
 
@@ -83,7 +73,7 @@ def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None, locked: b
         if not Path(f).is_dir():
             raise EdgetrainError(f"artifact folder {f} does not exist")
     set_key = _warm.key()
-    before = warmed_before(set_key)
+    before = _warm.warmed_folders(set_key)
     everything = sorted(set(folders) | set(before))
     sizes = sorted(set(sizes).union(*before.values()))
     if before:

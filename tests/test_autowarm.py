@@ -1,7 +1,7 @@
-"""The warm kernel set built by default (``minimal_build/autowarm.py``): a process that ran an artifact folder under
-the JIT starts a background build of its warm set; a later process trains from it without importing Numba,
-with the JIT's losses bit for bit (the oracle: the JIT process itself); a build cut off halfway is never used;
-``EDGETRAIN_NO_AUTOWARM=1`` starts nothing.
+"""The warm kernel set built by default (``kernels/_autowarm.py`` decides and starts, ``minimal_build/autowarm.py``
+builds): a process that ran an artifact folder under the JIT starts a background build of its warm set; a later
+process trains from it without importing Numba, with the JIT's losses bit for bit (the oracle: the JIT process
+itself); a build cut off halfway is never used; ``EDGETRAIN_NO_AUTOWARM=1`` starts nothing.
 """
 from __future__ import annotations
 
@@ -137,4 +137,4 @@ def test_only_completeartifact_folders_are_built(shared, tmp_path):
     lone.mkdir()
     digits = str(shared / "ort_artifacts" / "digits")
     (lone / "training_model.onnx").write_bytes((Path(digits) / "training_model.onnx").read_bytes())
-    assert autowarm.artifact_folders([str(lone), digits]) == [digits]
+    assert autowarm.artifact_folders([str(lone), digits]) == ([digits], [str(lone)])
