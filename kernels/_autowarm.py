@@ -94,6 +94,7 @@ def _jit_ran() -> bool:
 
 def plan(folders) -> list[str]:
     """What this process would build now ([] for nothing): ``decide`` on its facts."""
+    folders = [f for f in folders if os.path.isdir(f)]    # a temporary folder (``edgetrain demo``) is gone by now
     if not folders or not enabled() or not _jit_ran():
         return []
     set_key = _warm.key()
