@@ -28,6 +28,7 @@ from ..errors import EdgetrainError
 from ..kernels import _warm
 
 DEFAULT_BATCH_SIZES = (1, 32)   # 1 and any other size cover both broadcast patterns of a symbolic batch dim
+THREADS = (1, 2)                # 1 and any other count cover the kernels of unsplit and thread-split ops
 
 
 LOCK = ".build.lock"
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message=".*pycc.*")   # pending deprecation; pinned and tested here
     set_key = _warm.key()
     t0 = time.perf_counter()
-    rec = record(args.folders, [int(b) for b in args.batch_size.split(",") if b])
+    rec = record(args.folders, [int(b) for b in args.batch_size.split(",") if b], THREADS)
     t1 = time.perf_counter()
     print(f"recorded {len(rec.kernels)} kernels in {t1 - t0:.1f} s", file=sys.stderr)
     manifest = compile_kernels(rec.kernels, args.stage, digest=lambda kernels: _warm.digest(set_key, kernels))

@@ -138,3 +138,19 @@ def test_only_completeartifact_folders_are_built(shared, tmp_path):
     digits = str(shared / "ort_artifacts" / "digits")
     (lone / "training_model.onnx").write_bytes((Path(digits) / "training_model.onnx").read_bytes())
     assert autowarm.artifact_folders([str(lone), digits]) == ([digits], [str(lone)])
+
+
+def test_the_recording_runs_each_folder_unsplit_and_split(monkeypatch):
+    """Ops above their thread-split thresholds call kernels with other signatures at 2 threads than at 1: the
+    warm set records both (a set recorded at 1 thread sent cnn's 2-thread processes back to Numba)."""
+    from edgetrain.minimal_build import record, warm
+
+    seen = []
+    monkeypatch.setattr(record, "has_symbolic_dims", lambda folder: True)
+    monkeypatch.setattr(record, "exercise", lambda folder, batch: seen.append(
+        (batch, os.environ.get("EDGETRAIN_NUM_THREADS"))) or set())
+    monkeypatch.setattr(record, "collect_kernels", lambda: [])
+    monkeypatch.setenv("EDGETRAIN_NUM_THREADS", "3")
+    record.record([Path("/art/a")], [1, 32], warm.THREADS)
+    assert seen == [(1, "1"), (32, "1"), (1, "2"), (32, "2")]
+    assert os.environ["EDGETRAIN_NUM_THREADS"] == "3"
