@@ -25,6 +25,7 @@ from . import _warm
 
 OPT_OUT = "EDGETRAIN_NO_AUTOWARM"
 STATUS = "autowarm.json"      # in <cache>/aot/: the last automatic build's folders, state, seconds, error
+NICENESS = 19                 # the build yields the cores to any other work (the next training run)
 
 
 def enabled() -> bool:
@@ -111,6 +112,9 @@ def start(folders: list[str]):
             print(f"edgetrain: no automatic warm kernel set: {missing}", file=sys.stderr)
         return None
     env = dict(os.environ, **{OPT_OUT: "1"})     # the build's own processes start no build
+    if config.debug():
+        print(f"edgetrain: building the warm kernel set of {', '.join(folders)} in the background "
+              f"(nice {NICENESS}; {status_file()})", file=sys.stderr)
     return subprocess.Popen([sys.executable, "-m", "edgetrain.minimal_build.autowarm", *folders],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, close_fds=True, env=env)

@@ -23,7 +23,8 @@ import time
 from .. import atomic, config
 from ..errors import EdgetrainError
 from ..kernels import _warm
-from ..kernels._autowarm import OPT_OUT, STATUS, compiler_missing, decide, enabled, read_status, start  # noqa: F401
+from ..kernels._autowarm import (NICENESS, OPT_OUT, STATUS, compiler_missing, decide, enabled,  # noqa: F401
+                                 read_status, start)
 from . import warm
 from .exercise import artifact_files
 
@@ -31,7 +32,6 @@ __all__ = ["OPT_OUT", "STATUS", "artifact_folders", "compiler_missing", "decide"
            "start"]    # the decision and start live with the warm path (kernels/), which api may import
 
 LOG = "autowarm.log"
-NICENESS = 19
 
 
 def artifact_folders(folders) -> tuple[list[str], list[str]]:
@@ -72,8 +72,8 @@ def main(argv=None) -> int:
                 try:
                     warm.build(folders, log=lambda msg: print(msg, file=log, flush=True), locked=True)
                     status.update(state="done")
-                except EdgetrainError as e:
-                    status.update(state="failed", error=str(e)[-2000:])
+                except (EdgetrainError, OSError, ValueError, KeyError) as e:   # recorded: not retried
+                    status.update(state="failed", error=f"{type(e).__name__}: {str(e)[-2000:]}")
         status["seconds"] = round(time.time() - started, 1)
         atomic.write_text(aot / STATUS, json.dumps(status))
     return 0 if status["state"] == "done" else 1
