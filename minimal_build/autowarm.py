@@ -68,12 +68,13 @@ def main(argv=None) -> int:
         if not folders:          # remembered as failed: those processes do not ask again under this key
             status.update(state="failed", error=f"not complete artifact folders: {refused}")
         else:
-            with open(aot / LOG, "w") as log:
-                try:
-                    warm.build(folders, log=lambda msg: print(msg, file=log, flush=True), locked=True)
-                    status.update(state="done")
-                except (EdgetrainError, OSError, ValueError, KeyError) as e:   # recorded: not retried
-                    status.update(state="failed", error=f"{type(e).__name__}: {str(e)[-2000:]}")
+            lines: list[str] = []
+            try:
+                warm.build(folders, log=lines.append, locked=True)
+                status.update(state="done")
+            except (EdgetrainError, OSError, ValueError, KeyError) as e:   # recorded: not retried
+                status.update(state="failed", error=f"{type(e).__name__}: {str(e)[-2000:]}")
+            atomic.write_text(aot / LOG, "\n".join(lines) + "\n")
         status["seconds"] = round(time.time() - started, 1)
         atomic.write_text(aot / STATUS, json.dumps(status))
     return 0 if status["state"] == "done" else 1

@@ -31,16 +31,14 @@ DEFAULT_BATCH_SIZES = (1, 32)   # 1 and any other size cover both broadcast patt
 THREADS = (1, 2)                # 1 and any other count cover the kernels of unsplit and thread-split ops
 
 
-LOCK = ".build.lock"
-
-
 @contextlib.contextmanager
 def build_lock(wait: bool = True):
     """Hold the cache's build lock (one build at a time: each merges the folders warmed before, so two at once
-    would drop one's folders); yields whether it is held (False only with ``wait=False`` when another holds it)."""
+    would drop one's folders); yields whether it is held (False only with ``wait=False`` when another holds it).
+    The lock is on the ``aot`` folder itself: no lock file to create, replace or leave behind."""
     import fcntl
 
-    fd = os.open(config.cache_folder("aot") / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(config.cache_folder("aot"), os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
