@@ -72,7 +72,7 @@ def warmed(shared, tmp_path_factory):
 def _copy(cache, tmp_path):
     """A copy of the warmed cache to tamper with (the module's fixture stays intact)."""
     shutil.copytree(cache, tmp_path / "cache", symlinks=True)
-    sets = [p for p in (tmp_path / "cache" / "aot").iterdir() if (p / "manifest.json").is_file()]   # not the lock
+    sets = [p for p in (tmp_path / "cache" / "aot").iterdir() if (p / "manifest.json").is_file()]   # not status files
     return tmp_path / "cache", sets[0]
 
 
