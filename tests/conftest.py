@@ -8,6 +8,10 @@ import pytest
 SHARED = Path(os.environ.get("EDGETRAIN_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 BENCH_MODELS = ["cnn", "digits", "mlp", "mobilenet", "transformer"]
 
+# No test process (nor any process a test starts) builds the warm kernel set in the background on its way out
+# (minimal_build/autowarm.py): tests/test_autowarm.py switches it back on where it is the subject.
+os.environ["EDGETRAIN_NO_AUTOWARM"] = "1"
+
 
 @pytest.fixture(scope="session")
 def shared() -> Path:
