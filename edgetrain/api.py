@@ -5,6 +5,7 @@ Semantics follow ORT 1.19 (ORT_FORMATS.md §2) where ORT is right, and raise cle
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -187,6 +188,33 @@ def _as_ort_value(a: np.ndarray) -> OrtValue:
     return np.array(a).view(OrtValue)
 
 
+_TRAINED_FROM: list[str] = []      # artifact folders this process trained from (for the warm kernel set, on exit)
+
+
+def _note_for_warm_set(train_model_uri, optimizer_uri) -> None:
+    """Training and optimizer models read from one folder: if this process runs kernels under the JIT, the
+    warm kernel set of that folder is built when it exits (``kernels/_autowarm.py``)."""
+    if not all(isinstance(u, (str, os.PathLike)) for u in (train_model_uri, optimizer_uri)):
+        return
+    folder = os.path.dirname(os.path.realpath(train_model_uri))
+    if folder == os.path.dirname(os.path.realpath(optimizer_uri)) and folder not in _TRAINED_FROM:
+        if not _TRAINED_FROM:
+            import atexit
+
+            atexit.register(_build_warm_set)
+        _TRAINED_FROM.append(folder)
+
+
+def _build_warm_set() -> None:
+    if "numba" not in sys.modules:   # the warm set served this process
+        return
+    try:
+        from .kernels import _autowarm
+    except ImportError:             # the trimmed package: no JIT to warm
+        return
+    _autowarm.at_exit(_TRAINED_FROM)
+
+
 class Module:
     """A training model (and optionally its eval model) bound to a CheckpointState.
 
@@ -211,6 +239,7 @@ class Module:
         self._runtime = TrainingProgram(train, values, eval_graph, max_memory)
         state._store = self._runtime.store
         self._state = state
+        self._train_model_uri = train_model_uri
         self.training = True
 
     @property
@@ -396,6 +425,7 @@ class Optimizer:
         self._module = module
         runtime = module.training_program
         self._runtime = runtime.attach_optimizer(_load(optimizer_uri))
+        _note_for_warm_set(module._train_model_uri, optimizer_uri)
         self.initial_learning_rate = DEFAULT_LEARNING_RATE
         ckpt = module._state._checkpoint
         if ckpt.optimizer_groups:

@@ -9,6 +9,7 @@ guessed name makes the open fail instead of redirecting the write to another fil
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 
@@ -119,3 +120,17 @@ def replace_folder(staged, target) -> None:
     _fsync_folder(os.path.dirname(os.path.abspath(target)))
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Hold an exclusive lock on the (empty, created 0600) file ``path`` across processes while the block runs;
+    a symlink there is refused (``O_NOFOLLOW``)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)       # closing releases the lock

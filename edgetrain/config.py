@@ -94,6 +94,16 @@ def num_threads() -> int:
     return max(1, int(os.environ.get("EDGETRAIN_NUM_THREADS", "1")))
 
 
+def spin_us() -> int:
+    """Microseconds an intra-op thread busy-waits for its next job before it sleeps: ``EDGETRAIN_SPIN_US``,
+    default 300 (0: sleep at once, the hand-off of a process without Numba)."""
+    raw = os.environ.get("EDGETRAIN_SPIN_US", "300")
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        raise ValueError(f"EDGETRAIN_SPIN_US must be a whole number of microseconds, got {raw!r}") from None
+
+
 _SEED: list[int | None] = [None]
 
 

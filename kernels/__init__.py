@@ -38,7 +38,8 @@ def direct(fn, args: tuple):
 def checked(kernel, call, ctx, input_index: int, values, allowed: str):
     """``(fn, ())`` running ``kernel(*call)``, which returns -1 or the flat position of the first value of input
     ``input_index`` outside what ``allowed`` says; that one is refused, naming the node, tensor and value.
-    From the second call on ``kernel`` is called ``direct``."""
+    From the second call on ``kernel`` is called ``direct``; ``fn.kernel_calls`` names the call, so a program's
+    first run can compile it ahead (``codegen.parallel_compile``)."""
     chosen = [kernel]
 
     def run():
@@ -47,4 +48,5 @@ def checked(kernel, call, ctx, input_index: int, values, allowed: str):
             raise ctx.bad_value(input_index, values, bad, allowed)
         if chosen[0] is kernel:
             chosen[0] = direct(kernel, call)
+    run.kernel_calls = ((kernel, call),)
     return run, ()

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from edgetrain import config
 
-from . import _warm
+from . import _spin, _warm
 from ._aot import AotKernel, fused_id
 
 # Numba loads pickled code from its cache: the folder is created 0700 and checked like the generated kernels'
@@ -205,5 +205,6 @@ def _plain_slice_errors(numba):
 
 when_numba_loads(_typeof_warm)
 when_numba_loads(_plain_slice_errors)
+when_numba_loads(_spin.register)
 if _WARM is None:
     load_numba()

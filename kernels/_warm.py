@@ -106,6 +106,17 @@ def digest(set_key: str, kernels: dict) -> int:
     return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
 
 
+def warmed_folders(set_key: str) -> dict[str, list[int]]:
+    """Artifact folders the current set for ``set_key`` was built from (those that still exist) with their batch
+    sizes, or {} (what ``edgetrain warm`` merges, and the automatic build skips)."""
+    try:
+        manifest = json.loads((folder(set_key) / MANIFEST).read_text())
+        artifacts = manifest["artifacts"] if manifest.get("key") == set_key else {}
+        return {str(f): sorted({int(b) for b in sizes}) for f, sizes in artifacts.items() if Path(f).is_dir()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
 @dataclass
 class KernelSet:
     key: str

@@ -308,6 +308,8 @@ def layer_norm(ctx):
             _layer_norm_apply(*apply)
             for k, out in copies:
                 _copy_stats(stats, k, out)
+        run.kernel_calls = ((_row_stats, (x2, eps, stats)), (_layer_norm_apply, apply),
+                            *((_copy_stats, (stats, k, out)) for k, out in copies))
         return run, ()
     return bind
 
@@ -395,6 +397,7 @@ def layer_norm_grad(ctx):
             _ln_grad(*call)
             for out, src in copies:
                 np.copyto(out, src, casting="same_kind")
+        run.kernel_calls = ((_ln_grad, call),)
         return run, ()
     return bind
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from edgetrain.ops.rnn import ACTIVATIONS, input_at, rnn_geometry
 
-from ._jit import jit
+from ._jit import jit, when_numba_loads
 
 
 TANH_F32 = 3     # a kernel-side code (ops.rnn.ACTIVATIONS has 0-2): Tanh for float32 results, see _act
@@ -59,6 +59,157 @@ def _kernel_codes(acts, dtype):
     if dtype != np.float32:
         return acts
     return tuple(tuple(TANH_F32 if a == ACTIVATIONS["tanh"] else a for a in per_dir) for per_dir in acts)
+
+
+# --- the default activations (Sigmoid, Tanh, Tanh: the only ones ORT 1.19 trains), vectorizable -----------
+# The general kernels switch on activation codes per element and call libm's exp: LLVM leaves those loops
+# scalar. The "_std" kernels below fix the activations, keep every loop 1-D over a row and never read and
+# write one array in the same loop (LLVM gives up on unknown distances within an array), and take exp from a
+# polynomial in float64 that LLVM vectorizes.
+# exp(x), x <= 0: 2**n exp(r), n = round(x / ln2) by the 1.5 * 2**52 shift (its low bits are n, so no
+# float-to-int conversion, which AVX2 has no vector form of), r = x - n ln2 (ln2 in two parts), |r| <= ln2/2,
+# Taylor to degree 12 (remainder < 2e-16 relative): within 2 ulp of float64, so float32 results round as from
+# the exact value (float64 arguments keep libm's exp and tanh). Below -708 it gives exp(-708) (2**n stays
+# normal), which no float32 sigmoid or tanh tells from 0; NaN gives NaN.
+_ROUND_SHIFT = 6755399441055744.0
+_LN2_HI, _LN2_LO, _LOG2E = 6.93147180369123816490e-01, 1.90821492927058770002e-10, 1.44269504088896338700e+00
+_EXP_TAYLOR = tuple(1.0 / math.factorial(k) for k in range(12, -1, -1))
+DEFAULT_ACTS = (ACTIVATIONS["sigmoid"], ACTIVATIONS["tanh"], ACTIVATIONS["tanh"])
+
+
+def _sigmoid(exp):
+    def sigmoid(v):
+        e = exp(-abs(np.float64(v)))
+        return (1.0 if v >= 0 else e) / (1.0 + e)
+    return sigmoid
+
+
+def _tanh(exp):
+    """Tanh as (1 - e) / (1 + e), e = exp(-2|v|) (v itself for |v| < 1e-4): correctly rounded for float32,
+    not for float64 (cancellation near 0)."""
+    def tanh(v):
+        a = abs(np.float64(v))
+        e = exp(-2.0 * a)
+        r = (1.0 - e) / (1.0 + e) if a >= 1e-4 else a
+        return r if v >= 0 else -r
+    return tanh
+
+
+_tanh_f32 = _tanh(math.exp)
+gate_sigmoid = _sigmoid(math.exp)
+
+
+def gate_tanh(v):
+    """Python's forms (NUMBA_DISABLE_JIT); Numba's take exp from ``_exp_nonpositive`` for float32."""
+    return _tanh_f32(v) if isinstance(v, np.float32) else math.tanh(v)
+
+
+def _exp_nonpositive(x):
+    x = -708.0 if x < -708.0 else x       # NaN stays NaN
+    t = x * _LOG2E + _ROUND_SHIFT
+    n = t - _ROUND_SHIFT
+    r = x - n * _LN2_HI - n * _LN2_LO
+    p = _EXP_TAYLOR[0]
+    for k in _EXP_TAYLOR[1:]:
+        p = p * r + k
+    return p * np.int64((np.float64(t).view(np.int64) + 1023) << 52).view(np.float64)
+
+
+def _numba_extensions(numba):
+    """Numba's forms of ``gate_sigmoid`` and ``gate_tanh``: compiled with numpy's error model (no
+    zero-division branch in the loop) and inlined by LLVM into the kernels; float32 takes the polynomial exp
+    (float64 keeps libm's exp and tanh: the float32 form of Tanh loses float64 digits near 0). Registered when
+    ``_jit`` loads Numba, and kept in this file so that editing them invalidates Numba's cache of the kernels
+    using them."""
+    def by_type(f32, other):
+        return lambda v: f32 if v == numba.core.types.float32 else other
+
+    exp = numba.njit(inline="always", error_model="numpy")(_exp_nonpositive)
+    forms = {gate_sigmoid: (_sigmoid(exp), _sigmoid(math.exp)),
+             gate_tanh: (_tanh(exp), lambda v: math.tanh(v))}
+    for fn, (f32, other) in forms.items():
+        numba.extending.overload(fn, jit_options={"error_model": "numpy"})(by_type(f32, other))
+
+
+when_numba_loads(_numba_extensions)
+
+
+@jit
+def _lstm_step_std(xw, rec, wb, rb, p, h, c, y, call, iofc, save, t, lens, g64, c64):
+    """``_lstm_step`` for Sigmoid, Tanh, Tanh. The gates and the new cell state stay in float64 until stored
+    (g64 [4 * hidden] and c64 [hidden] hold them, as ``_lstm_step``'s registers do); rec receives the
+    pre-activations. One gate per loop, each loop writing one array: LLVM vectorizes none of a loop that
+    stores to one row at two offsets, or reads a row it writes at an unknown distance."""
+    batch, hidden = h.shape
+    for b in range(batch):
+        if t >= lens[b]:
+            y[b] = 0
+            if save:
+                call[b] = 0
+                iofc[b] = 0
+            continue
+        a, xb, cb, hb, yb = rec[b], xw[b], c[b], h[b], y[b]
+        for j in range(4 * hidden):
+            a[j] = xb[j] + a[j] + wb[j] + rb[j]
+        for j in range(hidden):
+            g64[j] = gate_sigmoid(a[j] + p[j] * cb[j])
+        for j in range(hidden):
+            g64[2 * hidden + j] = gate_sigmoid(a[2 * hidden + j] + p[2 * hidden + j] * cb[j])
+        for j in range(hidden):
+            g64[3 * hidden + j] = gate_tanh(a[3 * hidden + j])
+        for j in range(hidden):
+            c64[j] = g64[2 * hidden + j] * cb[j] + g64[j] * g64[3 * hidden + j]
+        for j in range(hidden):
+            g64[hidden + j] = gate_sigmoid(a[hidden + j] + p[hidden + j] * c64[j])
+        for j in range(hidden):
+            hb[j] = g64[hidden + j] * gate_tanh(c64[j])
+            yb[j] = hb[j]
+            cb[j] = c64[j]
+        if save:
+            ib, cab = iofc[b], call[b]
+            for j in range(4 * hidden):
+                ib[j] = g64[j]
+            for j in range(hidden):
+                cab[j] = cb[j]
+
+
+@jit
+def _gru_gates_std(xw, rec, wb, rb, h, zrh, rh, t, lens):
+    """``_gru_gates`` with Sigmoid."""
+    batch, hidden = h.shape
+    for b in range(batch):
+        if t >= lens[b]:
+            rh[b] = 0
+            continue
+        zb, xb, ab, hb, rhb = zrh[b], xw[b], rec[b], h[b], rh[b]
+        for j in range(2 * hidden):
+            zb[j] = gate_sigmoid(xb[j] + ab[j] + wb[j] + rb[j])
+        for j in range(hidden):
+            rhb[j] = zb[hidden + j] * hb[j]
+
+
+@jit
+def _gru_finish_std(xw, rec, wb, rb, h, y, zrh, t, lens, lbr, n64):
+    """``_gru_finish`` with Tanh; the candidate stays in float64 (n64 [hidden]) until stored."""
+    batch, hidden = h.shape
+    for b in range(batch):
+        if t >= lens[b]:
+            y[b] = 0
+            zrh[b] = 0
+            continue
+        zb, xb, ab, hb, yb = zrh[b], xw[b], rec[b], h[b], y[b]
+        k = 2 * hidden
+        if lbr:
+            for j in range(hidden):
+                n64[j] = gate_tanh(xb[k + j] + wb[k + j] + zb[hidden + j] * (ab[k + j] + rb[k + j]))
+        else:
+            for j in range(hidden):
+                n64[j] = gate_tanh(xb[k + j] + wb[k + j] + ab[k + j] + rb[k + j])
+        for j in range(hidden):
+            hb[j] = (1.0 - zb[j]) * n64[j] + zb[j] * hb[j]
+            yb[j] = hb[j]
+        for j in range(hidden):
+            zb[k + j] = n64[j]
 
 
 # --- forward steps ----------------------------------------------------------------------------------------
@@ -191,6 +342,46 @@ def _lstm_back(dy, has_dy, iofc, call, cprev, p, dh, dc, dpre, dp, t, lens, fa, 
 
 
 @jit
+def _lstm_back_std(dy, has_dy, iofc, call, cprev, p, dh, dc, dpre, dp, t, lens, tc64, dct64, da64):
+    """``_lstm_back`` for Sigmoid, Tanh, Tanh, in loops LLVM vectorizes (see ``_lstm_step_std``): tanh(c), dc
+    and the gates' gradients stay in float64 (tc64, dct64 [hidden], da64 [4 * hidden]) until stored."""
+    batch, hidden = dh.shape
+    h2, h3 = 2 * hidden, 3 * hidden
+    for b in range(batch):
+        if t >= lens[b]:
+            dpre[b] = 0
+            continue
+        g, dyb, dhb, dcb, cb, cpb = iofc[b], dy[b], dh[b], dc[b], call[b], cprev[b]
+        for j in range(hidden):
+            tc64[j] = gate_tanh(cb[j])
+        for j in range(hidden):      # the output gate's, dao
+            go = g[hidden + j]
+            da64[hidden + j] = (dhb[j] + (dyb[j] if has_dy else 0.0)) * tc64[j] * (go * (1.0 - go))
+        for j in range(hidden):
+            dht = dhb[j] + (dyb[j] if has_dy else 0.0)
+            dct64[j] = (dcb[j] + dht * g[hidden + j] * (1.0 - tc64[j] * tc64[j])
+                        + da64[hidden + j] * p[hidden + j])
+        for j in range(hidden):
+            da64[j] = dct64[j] * g[h3 + j] * (g[j] * (1.0 - g[j]))
+        for j in range(hidden):
+            da64[h2 + j] = dct64[j] * cpb[j] * (g[h2 + j] * (1.0 - g[h2 + j]))
+        for j in range(hidden):
+            da64[h3 + j] = dct64[j] * g[j] * (1.0 - g[h3 + j] * g[h3 + j])
+        for j in range(hidden):
+            dcb[j] = dct64[j] * g[h2 + j] + da64[j] * p[j] + da64[h2 + j] * p[h2 + j]
+        dhb[:] = 0
+        pb = dpre[b]
+        for j in range(4 * hidden):
+            pb[j] = da64[j]
+        for j in range(hidden):
+            dp[j] += da64[j] * cpb[j]
+        for j in range(hidden):
+            dp[hidden + j] += da64[hidden + j] * cb[j]
+        for j in range(hidden):
+            dp[h2 + j] += da64[h2 + j] * cpb[j]
+
+
+@jit
 def _gru_back(dy, has_dy, zrh, hprev, q, dh, dpre, drec, t, lens, fa, ga, lbr):
     """dh -> the gates' pre-activation gradients; with linear_before_reset complete (drec's candidate part is
     dq = da_h * r, q = Rh h + Rbh), else r's waits for Rh^T da_h (``_gru_back_reset``). dh becomes the direct
@@ -219,6 +410,41 @@ def _gru_back(dy, has_dy, zrh, hprev, q, dh, dpre, drec, t, lens, fa, ga, lbr):
                 drec[b, 2 * hidden + j] = dah * r
             else:
                 drec[b, 2 * hidden + j] = dah
+
+
+@jit
+def _gru_back_std(dy, has_dy, zrh, hprev, q, dh, dpre, drec, t, lens, lbr):
+    """``_gru_back`` for Sigmoid, Tanh, in loops LLVM vectorizes (see ``_lstm_step_std``): each loop writes
+    one array at one offset, and recomputes dh_t and da_h (a few products) rather than storing them."""
+    batch, hidden = dh.shape
+    h2 = 2 * hidden
+    for b in range(batch):
+        if t >= lens[b]:
+            dpre[b] = 0
+            drec[b] = 0
+            continue
+        g, dyb, dhb, hpb, pb, rb = zrh[b], dy[b], dh[b], hprev[b], dpre[b], drec[b]
+        for j in range(hidden):      # da_z
+            pb[j] = (dhb[j] + (dyb[j] if has_dy else 0.0)) * (hpb[j] - g[h2 + j]) * (g[j] * (1.0 - g[j]))
+        for j in range(hidden):      # da_h
+            pb[h2 + j] = (dhb[j] + (dyb[j] if has_dy else 0.0)) * (1.0 - g[j]) * (1.0 - g[h2 + j] * g[h2 + j])
+        for j in range(hidden):
+            rb[j] = pb[j]
+        if lbr:
+            qb = q[b]
+            for j in range(hidden):      # da_r
+                dah = (dhb[j] + (dyb[j] if has_dy else 0.0)) * (1.0 - g[j]) * (1.0 - g[h2 + j] * g[h2 + j])
+                pb[hidden + j] = dah * qb[j] * (g[hidden + j] * (1.0 - g[hidden + j]))
+            for j in range(hidden):
+                rb[hidden + j] = pb[hidden + j]
+            for j in range(hidden):
+                dah = (dhb[j] + (dyb[j] if has_dy else 0.0)) * (1.0 - g[j]) * (1.0 - g[h2 + j] * g[h2 + j])
+                rb[h2 + j] = dah * g[hidden + j]
+        else:
+            for j in range(hidden):
+                rb[h2 + j] = pb[h2 + j]
+        for j in range(hidden):
+            dhb[j] = (dhb[j] + (dyb[j] if has_dy else 0.0)) * g[j]
 
 
 @jit
@@ -291,6 +517,8 @@ class _Views:
         self.zeros_step = np.zeros((g.batch, g.hidden), self.dtype)
         self.full = np.full(g.batch, g.seq, np.int32)
         self.acts = _kernel_codes(g.acts, self.dtype)
+        # per direction: the default activations, run by the "_std" kernels
+        self.std = tuple(a == DEFAULT_ACTS[:len(a)] for a in g.acts)
         self.order = [range(g.seq - 1, -1, -1) if r else range(g.seq) for r in g.reverse]
 
     def rows(self, a, width):
@@ -335,6 +563,7 @@ def _forward(ctx, cell):
     # Y and GRU's gates when the node does not output them (made once: a step never allocates)
     y_scratch = np.empty(g.y_shape(), v.dtype) if n_out == 0 or not ctx.node.outputs[0] else None
     gates = np.empty((g.seq, g.batch, gh), v.dtype) if cell == "GRU" and not training else None
+    g64, c64 = np.empty(gh), np.empty(hidden)      # the "_std" kernels' float64 rows
 
     def run(*args):
         x, w, r = args[0], args[1], args[2]
@@ -361,19 +590,31 @@ def _forward(ctx, cell):
                 pd = (v.zeros_p if p is None else p)[d]
                 for t in v.order[d]:
                     np.matmul(h, rt, out=rec)
-                    _lstm_step(xd[t], rec, wb, rb, pd, h, c, y4[t, d], call[t, d] if training else rec,
-                               iofc[t, d] if training else rec, training, t, lens, acts[0], acts[1], acts[2])
+                    saved = (call[t, d], iofc[t, d]) if training else (rec, rec)
+                    if v.std[d]:
+                        _lstm_step_std(xd[t], rec, wb, rb, pd, h, c, y4[t, d], *saved, training, t, lens, g64,
+                                       c64)
+                    else:
+                        _lstm_step(xd[t], rec, wb, rb, pd, h, c, y4[t, d], *saved, training, t, lens, *acts)
             elif cell == "GRU":
+                std = v.std[d]
                 for t in v.order[d]:
                     zt = zrh[t, d] if zrh is not None else gates[t]
                     if g.linear_before_reset:
                         np.matmul(h, rt, out=rec)
-                        _gru_gates(xd[t], rec, wb, rb, h, zt, c, t, lens, acts[0])
                     else:
                         np.matmul(h, rt[:, :2 * hidden], out=rec[:, :2 * hidden])
+                    if std:
+                        _gru_gates_std(xd[t], rec, wb, rb, h, zt, c, t, lens)
+                    else:
                         _gru_gates(xd[t], rec, wb, rb, h, zt, c, t, lens, acts[0])
+                    if not g.linear_before_reset:
                         np.matmul(c, rt[:, 2 * hidden:], out=rec[:, 2 * hidden:])
-                    _gru_finish(xd[t], rec, wb, rb, h, y4[t, d], zt, t, lens, acts[1], g.linear_before_reset)
+                    lbr = g.linear_before_reset
+                    if std:
+                        _gru_finish_std(xd[t], rec, wb, rb, h, y4[t, d], zt, t, lens, lbr, c64)
+                    else:
+                        _gru_finish(xd[t], rec, wb, rb, h, y4[t, d], zt, t, lens, acts[1], lbr)
             else:
                 for t in v.order[d]:
                     np.matmul(h, rt, out=rec)
@@ -409,6 +650,7 @@ def _backward(ctx, cell):
     gh, hidden, rows = v.gh, g.hidden, g.seq * g.batch
     lbr = g.linear_before_reset
     dp_scratch = np.empty(3 * hidden, v.dtype)     # peephole gradients nobody asked for
+    tc64, dct64, da64 = np.empty(hidden), np.empty(hidden), np.empty(gh)     # _lstm_back_std's float64 rows
 
     def run(*args):
         ins = dict(zip(at, args[:n_in]))      # by name; an absent input is missing or None
@@ -445,8 +687,13 @@ def _backward(ctx, cell):
                 dp = outs[6][d] if outs[6] is not None else dp_scratch
                 dp[:] = 0
                 for t in steps:
-                    _lstm_back(dy4[t, d] if dy4 is not None else dh, dy4 is not None, iofc4[t, d],
-                               call4[t, d], aux3[t], p, dh, dc, dpd[t], dp, t, lens, *acts)
+                    dyt = dy4[t, d] if dy4 is not None else dh
+                    if v.std[d]:
+                        _lstm_back_std(dyt, dy4 is not None, iofc4[t, d], call4[t, d], aux3[t], p, dh, dc,
+                                       dpd[t], dp, t, lens, tc64, dct64, da64)
+                    else:
+                        _lstm_back(dyt, dy4 is not None, iofc4[t, d], call4[t, d], aux3[t], p, dh, dc, dpd[t],
+                                   dp, t, lens, *acts)
                     np.matmul(dpd[t], rd, out=tmp)
                     np.add(dh, tmp, out=dh)
             elif cell == "GRU":
@@ -455,8 +702,13 @@ def _backward(ctx, cell):
                     np.matmul(hp, rd[2 * hidden:].T, out=aux)
                     np.add(aux, rb[2 * hidden:], out=aux)
                 for t in steps:
-                    _gru_back(dy4[t, d] if dy4 is not None else dh, dy4 is not None, zrh4[t, d], hp3[t],
-                              aux3[t], dh, dpd[t], drd[t], t, lens, acts[0], acts[1], lbr)
+                    dyt = dy4[t, d] if dy4 is not None else dh
+                    if v.std[d]:
+                        _gru_back_std(dyt, dy4 is not None, zrh4[t, d], hp3[t], aux3[t], dh, dpd[t], drd[t],
+                                      t, lens, lbr)
+                    else:
+                        _gru_back(dyt, dy4 is not None, zrh4[t, d], hp3[t], aux3[t], dh, dpd[t], drd[t], t,
+                                  lens, acts[0], acts[1], lbr)
                     if lbr:
                         np.matmul(drd[t], rd, out=tmp)
                     else:

@@ -12,6 +12,8 @@ would be recorded too.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,16 +39,37 @@ class Recording:
     batch_sizes: dict[str, list[int]]    # artifact folder -> batch sizes it ran with
 
 
-def record(folders: list[Path], batch_sizes: list[int]) -> Recording:
-    """Run every folder (at every batch size if its inputs have a symbolic dim, else once) and collect."""
+def record(folders: list[Path], batch_sizes: list[int], threads=(None,)) -> Recording:
+    """Run every folder (at every batch size if its inputs have a symbolic dim, else once) and collect.
+
+    ``threads``: the ``EDGETRAIN_NUM_THREADS`` values to run each folder at (None: as this process has it).
+    Above their size thresholds, ops split over threads call kernels with other signatures (per block, with
+    scratch per slot) than a 1-thread run does; 1 and 2 cover both for any count."""
     ops: set[tuple[str, str]] = set()
     ran: dict[str, list[int]] = {}
     for folder in folders:
         sizes = list(batch_sizes) if has_symbolic_dims(folder) else []   # [] : fixed input shapes
-        for batch in sizes or [1]:
-            ops |= exercise(folder, batch)
+        for n in threads:
+            with _threads(n):
+                for batch in sizes or [1]:
+                    ops |= exercise(folder, batch)
         ran[str(folder)] = sizes
     return Recording(collect_kernels(), ops, ran)
+
+
+@contextlib.contextmanager
+def _threads(n: int | None):
+    """``EDGETRAIN_NUM_THREADS`` set to ``n`` while planning and running (read at each plan and split)."""
+    saved = os.environ.get("EDGETRAIN_NUM_THREADS")
+    if n is not None:
+        os.environ["EDGETRAIN_NUM_THREADS"] = str(n)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("EDGETRAIN_NUM_THREADS", None)
+        else:
+            os.environ["EDGETRAIN_NUM_THREADS"] = saved
 
 
 def collect_kernels() -> list[KernelUse]:

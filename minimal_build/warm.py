@@ -13,6 +13,7 @@ again with the new ones, so the set keeps serving them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -27,22 +28,40 @@ from ..errors import EdgetrainError
 from ..kernels import _warm
 
 DEFAULT_BATCH_SIZES = (1, 32)   # 1 and any other size cover both broadcast patterns of a symbolic batch dim
+THREADS = (1, 2)                # 1 and any other count cover the kernels of unsplit and thread-split ops
 
 
-def warmed_before(set_key: str) -> dict[str, list[int]]:
-    """Artifact folders the current set for ``set_key`` was built from (those that still exist), or {}."""
+@contextlib.contextmanager
+def build_lock(wait: bool = True):
+    """Hold the cache's build lock (one build at a time: each merges the folders warmed before, so two at once
+    would drop one's folders); yields whether it is held (False only with ``wait=False`` when another holds it).
+    The lock is on the ``aot`` folder itself: no lock file to create, replace or leave behind."""
+    import fcntl
+
+    fd = os.open(config.cache_folder("aot"), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        manifest = json.loads((_warm.folder(set_key) / _warm.MANIFEST).read_text())
-        artifacts = manifest["artifacts"] if manifest.get("key") == set_key else {}
-        return {str(f): sorted({int(b) for b in sizes}) for f, sizes in artifacts.items() if Path(f).is_dir()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)     # releases the lock
 
 
-def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None) -> dict:
+def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None, locked: bool = False) -> dict:
     """Compile the kernels of ``artifact_folders`` (and of those warmed before) at ``batch_sizes`` into this
-    user's cache; returns the set's manifest. Needs a C compiler and Python's headers (``numba.pycc``)."""
+    user's cache; returns the set's manifest. Needs a C compiler and Python's headers (``numba.pycc``).
+    Waits for a build already running (``locked``: the caller holds ``build_lock``)."""
     log = log or (lambda msg: None)
+    if not locked:
+        with build_lock(wait=False) as held:
+            if held:
+                return build(artifact_folders, batch_sizes, log, locked=True)
+        log("another build of the warm kernel set is running (an automatic one?); waiting for it")
+        with build_lock(wait=True):
+            return build(artifact_folders, batch_sizes, log, locked=True)
     folders = [str(Path(f).resolve()) for f in artifact_folders]
     sizes = sorted({int(b) for b in batch_sizes})
     if not folders:
@@ -53,16 +72,19 @@ def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None) -> dict:
         if not Path(f).is_dir():
             raise EdgetrainError(f"artifact folder {f} does not exist")
     set_key = _warm.key()
-    before = warmed_before(set_key)
+    before = _warm.warmed_folders(set_key)
     everything = sorted(set(folders) | set(before))
     sizes = sorted(set(sizes).union(*before.values()))
     if before:
         log(f"the warm set also holds {len(before)} folder(s) warmed before; compiling them again with the new ones")
+    for stale in config.cache_folder("aot").glob(".stage-*"):
+        shutil.rmtree(stale, ignore_errors=True)      # a build cut off (under this lock, no other build runs)
     stage = config.cache_folder("aot") / f".stage-{os.getpid()}-{secrets.token_hex(4)}"
     stage.mkdir(mode=0o700)
     try:
         log(f"compiling the kernels of {len(everything)} artifact folder(s) at batch sizes {sizes} (tens of seconds)")
-        env = dict(os.environ, EDGETRAIN_NO_AOT="1")   # the recording process runs the JIT it records
+        # the recording process runs the JIT it records, and starts no automatic build of its own
+        env = dict(os.environ, EDGETRAIN_NO_AOT="1", EDGETRAIN_NO_AUTOWARM="1")
         cmd = [sys.executable, "-m", "edgetrain.minimal_build.warm", str(stage), "--batch-size",
                ",".join(map(str, sizes)), *everything]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -114,7 +136,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message=".*pycc.*")   # pending deprecation; pinned and tested here
     set_key = _warm.key()
     t0 = time.perf_counter()
-    rec = record(args.folders, [int(b) for b in args.batch_size.split(",") if b])
+    rec = record(args.folders, [int(b) for b in args.batch_size.split(",") if b], THREADS)
     t1 = time.perf_counter()
     print(f"recorded {len(rec.kernels)} kernels in {t1 - t0:.1f} s", file=sys.stderr)
     manifest = compile_kernels(rec.kernels, args.stage, digest=lambda kernels: _warm.digest(set_key, kernels))

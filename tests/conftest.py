@@ -8,6 +8,14 @@ import pytest
 SHARED = Path(os.environ.get("EDGETRAIN_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 BENCH_MODELS = ["cnn", "digits", "mlp", "mobilenet", "transformer"]
 
+# No test process (nor any process a test starts) builds the warm kernel set in the background on its way out
+# (minimal_build/autowarm.py): tests/test_autowarm.py switches it back on where it is the subject.
+os.environ["EDGETRAIN_NO_AUTOWARM"] = "1"
+# Nor does a program's first run start a compile helper (edgetrain/codegen/parallel_compile.py: it would start
+# whenever the load average leaves a CPU free, so which tests pay a helper's start would depend on the machine's
+# load): tests/test_parallel_compile.py sets EDGETRAIN_COMPILE_WORKERS itself where it is the subject.
+os.environ["EDGETRAIN_COMPILE_WORKERS"] = "1"
+
 
 @pytest.fixture(scope="session")
 def shared() -> Path:

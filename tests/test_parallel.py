@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from edgetrain import parallel
+from edgetrain import config, parallel
 
 
 @pytest.mark.parametrize("threads,n,min_each", [(1, 10, 1), (2, 10, 1), (2, 1, 1), (3, 7, 1), (2, 10, 6),
@@ -138,3 +138,110 @@ def test_conv_and_its_gradient_split_over_threads_agree(monkeypatch, split_calls
         assert (len(calls) >= (2 if group == 1 else 1)) == (threads == "2"), calls
     np.testing.assert_allclose(got["2"][0], got["1"][0], rtol=1e-6)
     np.testing.assert_allclose(got["2"][1], got["1"][1], rtol=1e-5, atol=1e-7)
+
+
+# --- the busy-wait between jobs (kernels/_spin.py) -----------------------------------------------------------
+
+@pytest.fixture(params=["spin", "sleep"])
+def hand_off(request):
+    """The pools' threads busy-waiting between jobs (Numba loaded) or sleeping (the trimmed build,
+    NUMBA_DISABLE_JIT)."""
+    import edgetrain.kernels  # noqa: F401 -- loads Numba, which registers the busy-wait
+    loop = parallel.spin_loop()
+    if request.param == "spin" and loop is None:
+        pytest.skip("no busy-wait without Numba's JIT")
+    if request.param == "sleep":
+        parallel.use_spin(None)
+    yield request.param
+    parallel.use_spin(loop)
+
+
+@pytest.mark.parametrize("threads,n", [(2, 9), (3, 40), (2, 2)])
+def test_pools_cover_each_block_once_spinning_or_sleeping(hand_off, threads, n):
+    for _ in range(50):             # back-to-back jobs: helpers still spinning on the last one see the next
+        seen, lock = [], threading.Lock()
+
+        def block(slot, i):
+            with lock:
+                seen.append((i, slot))
+        parallel.run_blocks([lambda slot, i=i: block(slot, i) for i in range(n)], threads)
+        assert sorted(i for i, _ in seen) == list(range(n))
+        assert {s for _, s in seen} <= set(range(threads))
+
+
+@pytest.mark.parametrize("spin_us", [0, 20_000])
+def test_a_helpers_error_is_raised_after_every_block_stopped(hand_off, monkeypatch, spin_us):
+    """The caller's own blocks end first; the helper's block is still running when the caller looks (its wait
+    for the last block is a spin of ``spin_us``, then a sleep): the error comes only once that block stopped."""
+    import time
+    monkeypatch.setenv("EDGETRAIN_SPIN_US", str(spin_us))
+    barrier = threading.Barrier(2, timeout=10)
+    stopped = []
+
+    def block(slot):
+        barrier.wait()              # one block each: a helper holds the other
+        if slot:
+            time.sleep(0.05)
+            stopped.append(slot)
+            raise ValueError("helper block failed")
+    for _ in range(3):
+        stopped.clear()
+        with pytest.raises(ValueError, match="helper block failed"):
+            parallel.run_blocks([block, block], 2)
+        assert stopped == [1]
+
+
+def test_idle_helpers_stop_spinning_and_sleep(hand_off, monkeypatch):
+    """The spin is bounded: with no job, every helper is asleep on the lock after ``EDGETRAIN_SPIN_US``."""
+    import time
+    monkeypatch.setenv("EDGETRAIN_SPIN_US", "2000")
+    parallel.run_blocks([lambda slot: None] * 6, 3)
+    pool = parallel.pool(3)
+    deadline = time.monotonic() + 10
+    while pool.sleeping() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.sleeping() == 2
+    parallel.run_blocks([lambda slot: None] * 6, 3)     # and sleepers are woken for the next job
+
+
+@pytest.mark.native
+def test_idle_pool_burns_no_cpu():
+    """After a job, the process uses no CPU once the spin ran out (measures the host: native)."""
+    import time
+
+    import edgetrain.kernels  # noqa: F401
+    parallel.run_blocks([lambda slot: None] * 4, 2)
+    time.sleep(0.1 + config.spin_us() * 1e-6)
+    t = time.process_time()
+    time.sleep(0.3)
+    assert time.process_time() - t < 0.05
+
+
+def test_spin_loop_sees_another_threads_write_and_checks_its_index():
+    import time
+
+    import numpy as np
+
+    import edgetrain.kernels  # noqa: F401
+    if parallel.spin_loop() is None:
+        pytest.skip("no busy-wait without Numba's JIT")
+    loop = parallel.spin_loop()
+    state = np.zeros(2, np.int64)
+    assert loop(state, 1, 0, True, 1000) == 0             # bounded: nothing changes, it returns
+    assert loop(state, 1, 5, False, 1000) == 0
+    writer = threading.Timer(0.05, lambda: state.__setitem__(1, 7))
+    writer.start()
+    t = time.perf_counter()
+    assert loop(state, 1, 0, True, 1 << 62) == 7          # the write ends the wait (else: spins for ever)
+    assert time.perf_counter() - t < 5
+    writer.join()
+    with pytest.raises(IndexError, match="spin"):
+        loop(state, 2, 0, True, 1)
+
+
+def test_spin_time_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("EDGETRAIN_SPIN_US", "0")
+    assert config.spin_us() == 0
+    monkeypatch.setenv("EDGETRAIN_SPIN_US", "fast")
+    with pytest.raises(ValueError, match="EDGETRAIN_SPIN_US"):
+        config.spin_us()

@@ -72,7 +72,8 @@ def warmed(shared, tmp_path_factory):
 def _copy(cache, tmp_path):
     """A copy of the warmed cache to tamper with (the module's fixture stays intact)."""
     shutil.copytree(cache, tmp_path / "cache", symlinks=True)
-    return tmp_path / "cache", next((tmp_path / "cache" / "aot").iterdir())
+    sets = [p for p in (tmp_path / "cache" / "aot").iterdir() if (p / "manifest.json").is_file()]   # not status files
+    return tmp_path / "cache", sets[0]
 
 
 def test_a_warm_process_trains_as_the_jit_without_numba(warmed):

@@ -24,9 +24,15 @@ from ..plan.specialize import Specialized
 @dataclass
 class FusedKernel:
     source: str
+    inputs: list[str]                      # the step's inputs in the kernel's argument order
     input_shapes: list[tuple[int, ...]]    # collapsed shape each input is viewed with
     output_shape: tuple[int, ...]          # collapsed iteration shape
     scratch_rows: int = 0                  # trailing arguments: float rows of SCRATCH elements (in-place kernels)
+
+
+# Binary ops whose operands may swap without changing a bit of the result (IEEE + and * of two operands): the
+# source takes their operands in a fixed order, so ``a + bias`` and ``bias + a`` are one kernel (one compile)
+COMMUTATIVE = frozenset({"Add", "Mul"})
 
 
 SCRATCH = 256   # elements per scratch row: a chunk of the innermost loop, L1-resident
@@ -87,12 +93,15 @@ def generate(step: Step, spec: Specialized, in_place: bool = False) -> FusedKern
     scratch rows (passed in, allocated once by the program) and copied out after each chunk: both vectorize."""
     from ..kernels.elementwise import HELPERS, SCALAR
 
-    in_shapes = [spec.types[i].shape for i in step.inputs]
-    shape, views = collapse(step.shape, in_shapes)
+    shape, views = collapse(step.shape, [spec.types[i].shape for i in step.inputs])
+    # arguments in a canonical order (full dims before broadcast ones): with COMMUTATIVE's operand order, steps
+    # that differ only in which operand is broadcast share a source
+    order = sorted(range(len(step.inputs)), key=lambda k: [n == 1 for n in views[k]])
+    inputs, views = [step.inputs[k] for k in order], [views[k] for k in order]
     rank = len(shape)
     idx = [f"i{d}" for d in range(rank)]
-    args = [f"a{k}" for k in range(len(step.inputs))] + [f"o{k}" for k in range(len(step.outputs))]
-    names = {v: f"x{k}" for k, v in enumerate(step.inputs)}
+    args = [f"a{k}" for k in range(len(inputs))] + [f"o{k}" for k in range(len(step.outputs))]
+    names = {v: f"x{k}" for k, v in enumerate(inputs)}
     body: dict[int, list[str]] = {d: [] for d in range(rank + 1)}
     last = rank - 1
     inner = []      # inputs read along the innermost dim: in-place kernels read them through chunk views
@@ -111,6 +120,8 @@ def generate(step: Step, spec: Specialized, in_place: bool = False) -> FusedKern
         t_in = op.type_input if op.type_input < len(node.inputs) else 0
         k = _Scalar(b.ctx.in_types[t_in].dtype, b.ctx)
         operands = [names[i] if i else None for i in node.inputs]
+        if node.op_type in COMMUTATIVE and len(operands) == 2 and None not in operands:
+            operands.sort(key=lambda name: (name[0], int(name[1:])))
         expr = SCALAR[node.op_type](operands, k)
         names[node.outputs[0]] = f"t{n}"
         temps.append(f"t{n} = {expr}")
@@ -149,10 +160,11 @@ def generate(step: Step, spec: Specialized, in_place: bool = False) -> FusedKern
     # numpy's error model: float x / 0 gives inf or nan, as numpy and onnxruntime do, not ZeroDivisionError
     source = ("import math\nimport numpy as np\nfrom numba import njit\n" + helpers
               + "\n\n@njit(cache=True, nogil=True, error_model=\"numpy\")\n" + func)
-    return FusedKernel(source, views, shape, n_out if in_place else 0)
+    return FusedKernel(source, inputs, views, shape, n_out if in_place else 0)
 
 
 _LOADED: dict[str, object] = {}
+_SOURCES: dict[str, str] = {}      # module name of a loaded generated kernel -> its source
 
 
 def load(source: str):
@@ -169,6 +181,11 @@ def load(source: str):
     return warm if warm is not None else _load_jit(source)
 
 
+def source_of(module_name: str) -> str | None:
+    """The source of the generated kernel module ``module_name`` loaded in this process, or None."""
+    return _SOURCES.get(module_name)
+
+
 def _load_jit(source: str):
     from ..kernels import _jit
 
@@ -182,6 +199,7 @@ def _load_jit(source: str):
     module = types.ModuleType(name)
     module.__file__ = str(path)
     sys.modules[name] = module
+    _SOURCES[name] = source
     exec(compile(source, str(path), "exec"), module.__dict__)     # noqa: S102 -- edgetrain's own source
     _LOADED[key] = _jit.register(module.kernel)
     return _LOADED[key]

@@ -14,6 +14,7 @@ import importlib
 import numpy as np
 
 from .. import codegen
+from ..codegen import parallel_compile
 from ..errors import InputError
 from .. import parallel
 from ..plan import Plan
@@ -83,7 +84,7 @@ class Program:
                 shared = {buffers.get(o) for o in step.outputs} & {buffers.get(i) for i in step.inputs}
                 k = codegen.generate(step, spec, in_place=bool(shared - {None}))
                 fn = codegen.load(k.source)
-                args = [self.values[i].reshape(v) for i, v in zip(step.inputs, k.input_shapes)]
+                args = [self.values[i].reshape(v) for i, v in zip(k.inputs, k.input_shapes)]
                 args += [self.values[o].reshape(k.output_shape) for o in step.outputs]
                 args += [self._scratch(spec.types[o].dtype, r) for r, o in enumerate(step.outputs[:k.scratch_rows])]
                 fn, args = self._split_fused(fn, args, k, [spec.types[o].dtype for o in step.outputs])
@@ -149,6 +150,8 @@ class Program:
                 slot[...] = x           # nothing to cast: half of np.copyto's cost on a small feed
             else:
                 np.copyto(slot, x)
+        if not self._direct:
+            parallel_compile.compile_ahead(self.calls)
         for fn, args in self.calls:
             fn(*args)
         if not self._direct:

@@ -1,0 +1,219 @@
+"""Cold start: a program's first run compiles its kernels in two processes at once.
+
+Numba holds the GIL while it compiles, so threads would not help. Before a program's first run, the kernels it
+calls directly (or through a launcher that lists them: ``kernel_calls``) that have no code for the types of
+their bound arguments yet are split in two: a short-lived helper process (``HELPER``: this process's Python
+and ``sys.path``) compiles one half into the shared Numba disk cache while this process compiles the other;
+the run then loads the helper's half from the cache (~3 ms a kernel). Numba's code, and so every result, is
+the same as a serial compile's.
+
+All signatures of one kernel go to one process, and every Numba cache save (index and data file) is made under
+a lock on the cache folder: two processes saving overloads of one function would otherwise both pick the same
+data file name. A helper that fails or is killed costs nothing but time: whatever it had not saved is compiled
+here at the first call, as without it (Numba writes each cache file to a temporary name and renames it, so no
+half-written entry is ever read). A helper pays only on a CPU nobody else uses: on a busy machine the two
+processes share the same CPUs and their starts (~0.5 s each of Python, numpy, Numba) are lost, so by default it
+runs only while the 1-minute load average leaves a CPU free. ``EDGETRAIN_COMPILE_WORKERS=1`` switches it off,
+``=2`` on; it is always off on a single CPU, on the warm path (nothing compiles there) and under
+``NUMBA_DISABLE_JIT``.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+
+from .. import atomic, config
+
+WORKERS_ENV = "EDGETRAIN_COMPILE_WORKERS"
+MIN_KERNELS = 6     # below this the helper's start (~0.5 s: Python, numpy, Numba) costs more than it saves
+HELPER_TIMEOUT_S = 900.0
+LOCK_NAME = ".edgetrain-save.lock"
+
+
+def workers() -> int:
+    """Processes compiling at once: ``EDGETRAIN_COMPILE_WORKERS`` (1 switches the helper off, 2 on), else 2 when
+    this process may run on two CPUs or more and the load average leaves one of them free."""
+    explicit = os.environ.get(WORKERS_ENV, "").strip()
+    if explicit:
+        return max(1, int(explicit))
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]     # this process counts in it too
+    except OSError:
+        busy = float(cpus)
+    return 2 if cpus >= 2 and busy <= cpus - 1 else 1
+
+
+def _logger():
+    import logging
+
+    return logging.getLogger("edgetrain.compile")
+
+
+def kernel_calls(calls):
+    """``calls`` with each launcher that says which kernels it calls (``fn.kernel_calls``: ``(kernel, args)``
+    pairs, e.g. ``kernels.checked``) replaced by those."""
+    for fn, args in calls:
+        yield from getattr(fn, "kernel_calls", ((fn, args),))
+
+
+def pending(calls) -> list[tuple[object, tuple]]:
+    """``(dispatcher, argument types)`` per Numba dispatcher among ``calls`` (``(fn, args)`` pairs) that has no
+    code for its arguments yet, in call order, each pair once."""
+    seen, out = set(), []
+    for fn, args in kernel_calls(calls):
+        if not (hasattr(fn, "overloads") and hasattr(fn, "typeof_pyval") and hasattr(fn, "py_func")):
+            continue      # a launcher (its kernels compile at the first call), a warm or trimmed kernel
+        try:
+            sig = tuple(fn.typeof_pyval(a) for a in args)
+        except Exception:      # noqa: BLE001 - a value Numba cannot type fails at the call, with Numba's error
+            continue
+        if sig in fn.overloads or (id(fn), sig) in seen:
+            continue
+        seen.add((id(fn), sig))
+        out.append((fn, sig))
+    return out
+
+
+def split(jobs: list[tuple[object, tuple]]) -> tuple[list, list]:
+    """(this process's jobs, the helper's): whole kernels alternately, the first (and the odd one) here."""
+    order: list = []
+    by_kernel: dict[int, list] = {}
+    for fn, sig in jobs:
+        if id(fn) not in by_kernel:
+            order.append(id(fn))
+            by_kernel[id(fn)] = []
+        by_kernel[id(fn)].append((fn, sig))
+    mine = [job for k, key in enumerate(order) if k % 2 == 0 for job in by_kernel[key]]
+    theirs = [job for k, key in enumerate(order) if k % 2 == 1 for job in by_kernel[key]]
+    return mine, theirs
+
+
+def _reference(fn):
+    """How the helper finds ``fn``: ("source", generated source) or ("module", module name, qualified name)."""
+    from . import source_of
+
+    module = fn.py_func.__module__
+    source = source_of(module)
+    if source is not None:
+        return ("source", source)
+    return ("module", module, fn.py_func.__qualname__)
+
+
+def _resolve(ref):
+    if ref[0] == "source":
+        from . import load       # the helper runs with the warm path off: Numba's dispatcher
+
+        return load(ref[1])
+    fn = importlib.import_module(ref[1])
+    for part in ref[2].split("."):
+        fn = getattr(fn, part)
+    return fn
+
+
+def lock_cache_saves(numba) -> bool:
+    """Make Numba's cache saves (read index, pick a data file name, write both) one locked step across
+    processes. False (and nothing changed) if this Numba has no ``IndexDataCacheFile.save``."""
+    caching = importlib.import_module("numba.core.caching")
+    cls = getattr(caching, "IndexDataCacheFile", None)
+    save = getattr(cls, "save", None)
+    if save is None:
+        return False
+    if getattr(save, "edgetrain_locked", False):
+        return True
+
+    def locked_save(self, key, data):
+        with atomic.locked(os.path.join(os.environ["NUMBA_CACHE_DIR"], LOCK_NAME)):
+            return save(self, key, data)
+    locked_save.edgetrain_locked = True
+    cls.save = locked_save
+    return True
+
+
+# The helper's sys.path is this process's, set before it imports anything of edgetrain's: it imports the same
+# package, and not whatever its working folder holds (``python -m``/``-c`` would put that first)
+HELPER = ("import pickle, sys; paths, jobs = pickle.loads(sys.stdin.buffer.read()); sys.path[:] = paths; "
+          "from edgetrain.codegen.parallel_compile import _helper_main; sys.exit(_helper_main(jobs))")
+
+
+def helper_command() -> list[str]:
+    return [sys.executable, "-c", HELPER]
+
+
+def compile_ahead(calls) -> dict:
+    """Compile the kernels ``calls`` will need, in two processes when it pays (see the module's docstring).
+    Returns what happened: ``{"here": n, "helper": n, "helper_failed": reason or None, "seconds": s}``."""
+    report = {"here": 0, "helper": 0, "helper_failed": None, "seconds": 0.0}
+    if workers() < 2 or config.flag("NUMBA_DISABLE_JIT"):
+        return report
+    jobs = pending(calls)
+    if len({id(fn) for fn, _ in jobs}) < MIN_KERNELS:
+        return report
+    import pickle
+    import subprocess     # here, not at the top: a warm start imports this module and never compiles
+
+    from ..kernels import _jit
+
+    if not lock_cache_saves(_jit.load_numba()):
+        return report
+    t0 = time.perf_counter()
+    mine, theirs = split(jobs)
+    jobs = pickle.dumps([(_reference(fn), sig) for fn, sig in theirs])     # Numba types: loaded after Numba
+    payload = pickle.dumps(([os.path.abspath(p) for p in sys.path], jobs))
+    env = dict(os.environ, EDGETRAIN_NO_AOT="1", **{WORKERS_ENV: "1"})
+    helper = subprocess.Popen(helper_command(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, env=env)
+    try:
+        try:
+            helper.stdin.write(payload)
+            helper.stdin.close()
+        except OSError:
+            pass           # it died at once: its exit status says why
+        helper.stdin = None      # sent: communicate() below only collects stderr
+        for fn, sig in mine:
+            fn.compile(sig)
+        report["here"] = len(mine)
+        try:
+            _, err = helper.communicate(timeout=HELPER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            helper.kill()
+            _, err = helper.communicate()
+            err = f"no result after {HELPER_TIMEOUT_S:.0f} s".encode()
+    finally:
+        if helper.poll() is None:
+            helper.kill()
+            helper.wait()
+    if helper.returncode == 0:
+        report["helper"] = len(theirs)
+    else:
+        lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
+        report["helper_failed"] = f"exit {helper.returncode}: {lines[-1] if lines else '(no message)'}"
+        _logger().warning("edgetrain: the kernel compile helper process failed (%s); its %d kernels compile "
+                          "here instead", report["helper_failed"], len(theirs))
+    report["seconds"] = time.perf_counter() - t0
+    if config.debug():
+        print(f"edgetrain: compiled {report['here']} kernels here and {report['helper']} in a helper process "
+              f"in {report['seconds']:.2f} s", file=sys.stderr)
+    return report
+
+
+def _helper_main(jobs: bytes) -> int:
+    """The helper process: compile the pickled ``[(reference, signature), ...]`` (from the parent's own
+    ``compile_ahead``, through a pipe) into the disk cache."""
+    import pickle
+
+    from ..kernels import _jit     # configures Numba before the pickled Numba types import it
+
+    jobs = pickle.loads(jobs)    # noqa: S301 -- written by the parent edgetrain process
+    if not lock_cache_saves(_jit.load_numba()):
+        print("edgetrain: this Numba has no IndexDataCacheFile.save to lock", file=sys.stderr)
+        return 3
+    for ref, sig in jobs:
+        _resolve(ref).compile(sig)
+    return 0
+

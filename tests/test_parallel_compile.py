@@ -1,0 +1,172 @@
+"""Cold start: a program's kernels compile in two processes (edgetrain/codegen/parallel_compile.py)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+# six generated kernels (sources as codegen writes them: real files in the cache, loaded by codegen.load), each
+# called on its own arrays; prints what compile_ahead did, what this process compiled and the results' bits
+SCRIPT = r"""
+import json, sys, numpy as np
+from edgetrain import codegen
+from edgetrain.codegen import parallel_compile
+from edgetrain.kernels import _jit
+
+mode = sys.argv[1]
+if mode == "failing":
+    parallel_compile.helper_command = lambda: [sys.executable, "-c", "import sys; sys.exit('helper says no')"]
+elif mode == "killed":       # dies part-way, wherever it is (a cache write included)
+    parallel_compile.helper_command = lambda: [sys.executable, "-c",
+        "import os, threading; threading.Timer(float(os.environ['KILL_AFTER']), lambda: os._exit(9)).start(); "
+        + parallel_compile.HELPER]
+SOURCE = '''import math
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def kernel(a0, o0):
+    n0, = o0.shape
+    for i0 in range(n0):
+        o0[i0] = math.exp(a0[i0] * np.float32({k})) + np.float32({k})
+'''
+calls = []
+for k in range(6):
+    fn = codegen.load(SOURCE.format(k=k + 1))
+    x = np.linspace(-1, 1, 37, dtype=np.float32)
+    calls.append((fn, (x, np.empty_like(x))))
+calls.append(calls[0])                       # a kernel called twice is compiled once
+compiled = []
+with _jit.compile_listener(lambda: None, lambda: compiled.append(1)):
+    report = parallel_compile.compile_ahead(calls)
+    for fn, args in calls:
+        fn(*args)
+print(json.dumps({"report": report, "compiled": len(compiled), "stats": _jit.compile_stats(),
+                  "bits": [args[1].view(np.uint32).tolist() for _, args in calls]}))
+"""
+
+
+def _run(tmp_path, mode: str, workers: str = "2", cache: str = "cache", **env):
+    env = dict(os.environ, EDGETRAIN_CACHE_DIR=str(tmp_path / cache), EDGETRAIN_COMPILE_WORKERS=workers,
+               EDGETRAIN_NO_AOT="1", **env)
+    env.pop("NUMBA_CACHE_DIR", None)
+    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    """The kernels compiled one after another in one process (the helper switched off)."""
+    return _run(tmp_path_factory.mktemp("serial"), "plain", workers="1")[0]
+
+
+@pytest.mark.native
+def test_half_the_kernels_compile_in_the_helper_with_the_same_bits(tmp_path, serial):
+    parallel, _ = _run(tmp_path, "plain")
+    assert parallel["report"]["here"] == 3 and parallel["report"]["helper"] == 3
+    assert parallel["report"]["helper_failed"] is None
+    # this process compiled its three; the helper's three came from the disk cache
+    assert parallel["compiled"] == 3 and parallel["stats"]["hits"] == 3 and parallel["stats"]["misses"] == 3
+    assert serial["report"]["helper"] == 0 and serial["compiled"] == 6
+    assert parallel["bits"] == serial["bits"]
+    x = np.linspace(-1, 1, 37, dtype=np.float32)   # and the kernels compute what they say
+    for k, bits in enumerate(serial["bits"][:6]):
+        got = np.array(bits, np.uint32).view(np.float32)
+        np.testing.assert_allclose(got, np.exp(x * np.float32(k + 1)) + np.float32(k + 1), rtol=1e-6)
+
+
+@pytest.mark.native
+def test_a_failing_helper_falls_back_to_compiling_here(tmp_path, serial):
+    got, err = _run(tmp_path, "failing")
+    assert "helper says no" in got["report"]["helper_failed"]
+    assert "compile helper process failed" in err and "its 3 kernels compile here instead" in err
+    assert got["compiled"] == 6 and got["bits"] == serial["bits"]
+
+
+@pytest.mark.native
+def test_a_killed_helper_leaves_no_entry_a_later_process_would_misread(tmp_path, serial):
+    # killed while compiling or saving (its first kernel is done ~0.5 s after its start here)
+    got, _ = _run(tmp_path, "killed", KILL_AFTER="0.8")
+    failed = got["report"]["helper_failed"]
+    assert failed is None or failed.startswith("exit 9")     # None: it finished before the timer
+    later, _ = _run(tmp_path, "plain")         # same cache: loads what was saved, compiles the rest
+    assert got["bits"] == serial["bits"] == later["bits"]
+    assert later["stats"]["hits"] + later["stats"]["misses"] == 6
+
+
+def test_pending_lists_each_kernel_and_signature_once_and_split_keeps_a_kernel_whole():
+    from edgetrain import codegen
+    from edgetrain.codegen import parallel_compile
+
+    src = ("import numpy as np\nfrom numba import njit\n\n\n"
+           "@njit(cache=True, nogil=True, error_model=\"numpy\")\n"
+           "def kernel(a0, o0):\n    o0[0] = a0[0] + np.float32({k})\n")
+    f, g = codegen.load(src.format(k=101)), codegen.load(src.format(k=102))
+    x32, x64 = np.zeros(2, np.float32), np.zeros(2, np.float64)
+    calls = [(f, (x32, x32)), (g, (x32, x32)), (f, (x64, x64)), (f, (x32.copy(), x32)), (print, (1,))]
+    jobs = parallel_compile.pending(calls)
+    assert [(fn, len(sig)) for fn, sig in jobs] == [(f, 2), (g, 2), (f, 2)]
+    here, helper = parallel_compile.split(jobs)
+    assert [fn for fn, _ in here] == [f, f] and [fn for fn, _ in helper] == [g]
+
+
+def test_a_launcher_that_lists_its_kernels_has_them_compiled_ahead():
+    """``kernels.checked`` (SoftmaxCrossEntropy, Gather, ...) and LayerNormalization's launchers run their
+    kernels inside a closure; ``kernel_calls`` names them, so the helper can take them too."""
+    from edgetrain import codegen
+    from edgetrain.codegen import parallel_compile
+    from edgetrain.kernels import checked
+
+    src = ("import numpy as np\nfrom numba import njit\n\n\n"
+           "@njit(cache=True, nogil=True, error_model=\"numpy\")\n"
+           "def kernel(a0, o0):\n    o0[0] = a0[0] + np.float32({k})\n")
+    f = codegen.load(src.format(k=103))
+    x = np.zeros(2, np.float32)
+    run, args = checked(f, (x, x), None, 0, x, "anything")
+    assert args == () and [(fn, len(sig)) for fn, sig in parallel_compile.pending([(run, args)])] == [(f, 2)]
+
+
+def test_the_helper_runs_only_when_a_cpu_is_free(monkeypatch):
+    from edgetrain.codegen import parallel_compile
+
+    monkeypatch.delenv("EDGETRAIN_COMPILE_WORKERS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.5, 0.0, 0.0))
+    assert parallel_compile.workers() == 2
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 0.0, 0.0))
+    assert parallel_compile.workers() == 1
+    monkeypatch.setenv("EDGETRAIN_COMPILE_WORKERS", "2")
+    assert parallel_compile.workers() == 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setenv("EDGETRAIN_COMPILE_WORKERS", "")
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert parallel_compile.workers() == 1
+
+
+def test_cache_saves_wait_for_the_lock_another_process_holds(tmp_path):
+    """Numba's cache saves run under ``atomic.locked`` on the cache folder's lock file (a second open file
+    description, as another process has, cannot take it meanwhile)."""
+    import fcntl
+
+    from edgetrain import atomic
+    from edgetrain.codegen import parallel_compile
+    from edgetrain.kernels import _jit
+
+    assert parallel_compile.lock_cache_saves(_jit.load_numba())
+    from numba.core import caching
+
+    assert getattr(caching.IndexDataCacheFile.save, "edgetrain_locked", False)
+    path = tmp_path / "lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        with atomic.locked(path):
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
