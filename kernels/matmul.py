@@ -13,7 +13,7 @@ alternating measurements. Sums run in another order than BLAS's, within the same
 """
 import numpy as np
 
-from . import bindable
+from . import bindable, direct
 from ._gemm_threads import split
 from ._jit import jit
 
@@ -66,6 +66,63 @@ def fused_matmul(ctx):
             return split(np.matmul, *args)                       # ufunc: the third is out
         return split(_scaled_matmul, *args, y.dtype.type(alpha))
     return bind
+
+
+def gemm_bias(ctx):
+    """FusedMatMul then ``+ bias`` (a row of y's column count), one call (plan.fusion's EPILOGUES)."""
+    return _with_epilogue(ctx, False)
+
+
+def gemm_bias_relu(ctx):
+    """... then ReLU as the generated loops clamp (NaN stays NaN)."""
+    return _with_epilogue(ctx, True)
+
+
+def _with_epilogue(ctx, relu: bool):
+    core = fused_matmul(ctx).bind
+
+    @bindable
+    def bind(a, b, bias, y):
+        bias = bias.reshape(-1)
+        fn, args = core(a, b, y)
+        zero = y.dtype.type(0)
+        if fn is _gemm_nt:
+            return _gemm_nt_bias, args[:3] + (bias, relu, zero, False)
+        rows = y.reshape(-1, bias.shape[0])     # K = 0 below: the loop only adds the bias to what y holds
+        return _then(fn, args, _gemm_nt_bias, (np.empty((rows.shape[0], 0), y.dtype),
+                                               np.empty((bias.shape[0], 0), y.dtype), rows, bias, relu, zero, True))
+    return bind
+
+
+def gemm_column_sums(ctx):
+    """FusedMatMul (transA) and the column sums of its first operand as stored (the ReduceSum over axis 0 that
+    is a Gemm's bias gradient), one call (plan.fusion's SIBLINGS): the small op(a)^T @ b loop reads each
+    a[p, i] once for both, adding in the ReduceSum kernel's order (rows in turn)."""
+    core = fused_matmul(ctx).bind
+
+    @bindable
+    def bind(a, b, y, sums):
+        sums = sums.reshape(-1)
+        fn, args = core(a, b, y)
+        if fn is _gemm_tn:
+            return _gemm_tn_sums, args + (sums,)
+        return _then(fn, args, _gemm_tn_sums, (a, np.empty((a.shape[0], 0), a.dtype),     # N = 0: only the sums
+                                               np.empty((sums.shape[0], 0), a.dtype), sums))
+    return bind
+
+
+def _then(fn, args, after, after_args):
+    """``(run, ())``: ``fn(*args)``, then ``after(*after_args)``, called direct from its second run. ``after`` is
+    the small loop with an empty operand, so the same kernel signature on either path: a trimmed build that
+    recorded one batch size runs the others."""
+    chosen = [after]
+
+    def run():
+        fn(*args)
+        chosen[0](*after_args)
+        if chosen[0] is after:
+            chosen[0] = direct(after, after_args)
+    return run, ()
 
 
 def permuted_matmul(ctx):
@@ -133,6 +190,22 @@ def _gemm_tn(a, b, y):
 
 
 @jit(fastmath=True)
+def _gemm_tn_sums(a, b, y, sums):
+    """_gemm_tn, and sums[i] = a[0, i] + a[1, i] + ... as it reads them."""
+    m, n = y.shape
+    for i in range(m):
+        sums[i] = 0.0
+        for j in range(n):
+            y[i, j] = 0.0
+    for p in range(b.shape[0]):
+        for i in range(m):
+            api = a[p, i]
+            sums[i] += api
+            for j in range(n):
+                y[i, j] += api * b[p, j]
+
+
+@jit(fastmath=True)
 def _gemm_nt(a, b, y, zero):
     """y = a @ b^T; a [m, k], b [n, k]: dot products of rows, four columns of y at a time (each row of a read
     once per four rows of b); sums in a's type, from ``zero`` of it."""
@@ -158,6 +231,41 @@ def _gemm_nt(a, b, y, zero):
             for p in range(k):
                 s += a[i, p] * b[jj, p]
             y[i, jj] = s
+
+
+@jit(fastmath=True)
+def _gemm_nt_bias(a, b, y, bias, relu, zero, keep):
+    """_gemm_nt storing ``sum + bias[j]`` (then ReLU'd with ``relu``, as the generated Relu: NaN stays NaN); each
+    sum in y's type first, as the GEMM's own store rounds it, so the bits are the unfolded steps'. ``keep``: the
+    sums start from what y holds (K = 0 then adds the bias to a GEMM computed elsewhere)."""
+    m, n = y.shape
+    k = a.shape[1]
+    for i in range(m):
+        j = 0
+        while j + 4 <= n:
+            s0 = y[i, j] if keep else zero
+            s1 = y[i, j + 1] if keep else zero
+            s2 = y[i, j + 2] if keep else zero
+            s3 = y[i, j + 3] if keep else zero
+            for p in range(k):
+                ap = a[i, p]
+                s0 += ap * b[j, p]
+                s1 += ap * b[j + 1, p]
+                s2 += ap * b[j + 2, p]
+                s3 += ap * b[j + 3, p]
+            y[i, j] = s0
+            y[i, j + 1] = s1
+            y[i, j + 2] = s2
+            y[i, j + 3] = s3
+            j += 4
+        for jj in range(j, n):
+            s = y[i, jj] if keep else zero
+            for p in range(k):
+                s += a[i, p] * b[jj, p]
+            y[i, jj] = s
+        for j in range(n):
+            v = y[i, j] + bias[j]
+            y[i, j] = (zero if v < 0 else v) if relu else v
 
 
 def _scaled_matmul(a, b, y, alpha):

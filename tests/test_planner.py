@@ -25,7 +25,10 @@ def _plan(path, **kw):
 def test_bench_model_plans_keep_invariants(shared, name):
     plan = _plan(shared / "models" / f"{name}.onnx")
     check_invariants(plan)
-    assert plan.arena_bytes < plan.naive_bytes
+    if name == "digits":    # x -> h -> logits, biases added by the GEMMs: each value alive with its neighbour's
+        assert [s.kind for s in plan.steps] == ["kernel", "kernel"] and plan.arena_bytes == plan.naive_bytes
+    else:
+        assert plan.arena_bytes < plan.naive_bytes
 
 
 @pytest.mark.parametrize("name", ["cnn", "mobilenet", "transformer"])

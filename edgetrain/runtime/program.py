@@ -90,7 +90,7 @@ class Program:
                 fn, args = self._split_fused(fn, args, k, [spec.types[o].dtype for o in step.outputs])
             else:
                 b = step.nodes[0]
-                fn = launcher(b.op.kernel)(b.ctx)
+                fn = launcher(step.kernel or b.op.kernel)(b.ctx)     # step.kernel: the op with an epilogue
                 ws = [self._view(mem.buffers[w].offset, t) for w, t in zip(
                     mem.workspaces.get(s, []), b.op.workspace(b.ctx) if b.op.workspace else [])]
                 args = [self.values[i] if i else None for i in step.inputs]

@@ -6,7 +6,7 @@ import zlib
 import numpy as np
 import pytest
 from onnx import helper
-from oracle import assert_matches, model, run_edgetrain
+from oracle import assert_matches, model, run_edgetrain, run_onnxruntime
 
 import edgetrain
 from edgetrain.errors import ShapeError
@@ -169,6 +169,86 @@ def test_small_gemm_loops_and_blas(monkeypatch, path, dtype, m, k, n, trans_a, t
     np.testing.assert_allclose(ours, fused_oracle(a, b, trans_a, trans_b, 1.0), rtol=1e-5, atol=1e-5)
     fn = sess.program({"a": a, "b": b}).calls[0][0]
     assert (fn is not np.matmul) == (m * n * k <= threshold and not (trans_a and trans_b))
+
+
+@pytest.mark.parametrize("path", ["loop", "blas"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("m, k, n, trans_b, bias_shape", [
+    (32, 64, 32, 1, (32,)), (32, 32, 10, 1, (1, 10)), (7, 5, 6, 1, (6,)), (6, 9, 5, 0, (5,))])
+def test_gemm_bias_relu_epilogue(monkeypatch, path, dtype, relu, m, k, n, trans_b, bias_shape):
+    """Gemm (+ Relu) runs as one kernel step, its bias (and ReLU) added as the GEMM stores (plan.fusion's
+    EPILOGUES): the same bits as the unfolded steps (EDGETRAIN_NO_FUSION), onnxruntime's numbers, and the
+    small-GEMM loop kept where it ran before (its own epilogue; else BLAS or the other loops, then a bias loop)."""
+    from edgetrain.kernels import matmul as kernels
+
+    monkeypatch.setattr(kernels, "SMALL_GEMM", 1 << 16 if path == "loop" else 0)
+    a, b = rand((m, k), dtype, "a"), rand((n, k) if trans_b else (k, n), dtype, "b")
+    c = rand(bias_shape, dtype, "c")
+    nodes = [helper.make_node("Gemm", ["a", "b", "c"], ["g" if relu else "y"], transB=trans_b)]
+    nodes += [helper.make_node("Relu", ["g"], ["y"])] if relu else []
+    m_ = model(nodes, {"a": a}, ["y"], initializers={"b": b, "c": c})
+    sess = edgetrain.InferenceSession(m_.SerializeToString())
+    prog = sess.program({"a": a})
+    assert [s.label for s in prog.plan.steps] == ["kernel:FusedMatMul+Add" + ("+Relu" if relu else "")]
+    if trans_b:
+        assert (prog.calls[0][0] is kernels._gemm_nt_bias) == (path == "loop")
+    ours = sess.run(None, {"a": a})[0].copy()
+    assert relu is False or (ours == 0).any()
+    monkeypatch.setenv("EDGETRAIN_NO_FUSION", "1")
+    unfolded = edgetrain.InferenceSession(m_.SerializeToString())
+    assert len(unfolded.program({"a": a}).plan.steps) == 2 + relu
+    np.testing.assert_array_equal(ours, unfolded.run(None, {"a": a})[0])
+    want = run_onnxruntime(m_, {"a": a})[0]
+    np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_epilogue_not_folded_when_the_sum_is_read_elsewhere():
+    """The GEMM's result read by another node too (Gemm's output a graph output): two steps, both outputs right."""
+    a, b, c = rand((4, 3), key="a"), rand((5, 3), key="b"), rand((5,), key="c")
+    nodes = [helper.make_node("Gemm", ["a", "b"], ["p"], transB=1), helper.make_node("Add", ["p", "c"], ["y"])]
+    m_ = model(nodes, {"a": a}, ["y", "p"], initializers={"b": b, "c": c})
+    sess = edgetrain.InferenceSession(m_.SerializeToString())
+    assert [s.label for s in sess.program({"a": a}).plan.steps] == ["kernel:FusedMatMul", "fused:Add"]
+    assert_matches(m_, {"a": a}, oracle=run_onnxruntime, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["loop", "blas"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k, m, n", [(32, 10, 32), (7, 2, 5), (5, 6, 3)])
+def test_gemm_column_sums_sibling(monkeypatch, path, dtype, k, m, n):
+    """A ReduceSum over the rows of a GEMM's transposed first operand (a Gemm's bias and weight gradients) runs
+    in the GEMM's call (plan.fusion's SIBLINGS): the same bits as the two steps apart, onnxruntime's numbers."""
+    from edgetrain.kernels import matmul as kernels
+
+    monkeypatch.setattr(kernels, "SMALL_AXPY", 1 << 16 if path == "loop" else 0)
+    x, b = rand((k, m), dtype, "x"), rand((k, n), dtype, "b")
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+             helper.make_node("FusedMatMul", ["x", "b"], ["y"], domain="com.microsoft", transA=1)]
+    m_ = model(nodes, {"x": x}, ["y", "s"], initializers={"b": b, "axes": np.array([0], np.int64)})
+    sess = edgetrain.InferenceSession(m_.SerializeToString())
+    prog = sess.program({"x": x})
+    assert [s.label for s in prog.plan.steps] == ["kernel:FusedMatMul+ReduceSum"]
+    assert (prog.calls[0][0] is kernels._gemm_tn_sums) == (path == "loop")
+    ours = [o.copy() for o in sess.run(None, {"x": x})]
+    monkeypatch.setenv("EDGETRAIN_NO_FUSION", "1")
+    apart = edgetrain.InferenceSession(m_.SerializeToString()).run(None, {"x": x})
+    for got, want in zip(ours, apart):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(ours, run_onnxruntime(m_, {"x": x})):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape, axis", [((4, 3), 1), ((9, 1), 0)])
+def test_column_sums_not_folded_over_another_axis_or_one_column(shape, axis):
+    """Over columns: not the GEMM's sums; one column: the ReduceSum kernel adds it in partial sums."""
+    x, b = rand(shape, key="x"), rand((shape[0], 5), key="b")
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+             helper.make_node("FusedMatMul", ["x", "b"], ["y"], domain="com.microsoft", transA=1)]
+    m_ = model(nodes, {"x": x}, ["y", "s"], initializers={"b": b, "axes": np.array([axis], np.int64)})
+    prog = edgetrain.InferenceSession(m_.SerializeToString()).program({"x": x})
+    assert [s.label for s in prog.plan.steps] == ["kernel:ReduceSum", "kernel:FusedMatMul"]
+    assert_matches(m_, {"x": x}, oracle=run_onnxruntime, rtol=1e-5, atol=1e-5)
 
 
 def _permuted_model(pa, pb, py, alpha, feeds):
