@@ -123,14 +123,20 @@ def replace_folder(staged, target) -> None:
 
 
 @contextlib.contextmanager
-def locked(path):
-    """Hold an exclusive lock on the (empty, created 0600) file ``path`` across processes while the block runs;
-    a symlink there is refused (``O_NOFOLLOW``)."""
+def locked(path, wait: bool = True):
+    """Hold an exclusive lock across processes on ``path`` while the block runs; yields whether it is held (False
+    only with ``wait=False`` when another process holds it). A folder is locked itself (no lock file to create or
+    leave behind); otherwise the (empty, created 0600) file ``path``, a symlink there refused (``O_NOFOLLOW``)."""
     import fcntl
 
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    flags = os.O_RDONLY | os.O_DIRECTORY if os.path.isdir(path) else os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+    fd = os.open(path, flags, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)       # closing releases the lock

@@ -13,7 +13,6 @@ again with the new ones, so the set keeps serving them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import secrets
@@ -31,23 +30,11 @@ DEFAULT_BATCH_SIZES = (1, 32)   # 1 and any other size cover both broadcast patt
 THREADS = (1, 2)                # 1 and any other count cover the kernels of unsplit and thread-split ops
 
 
-@contextlib.contextmanager
 def build_lock(wait: bool = True):
     """Hold the cache's build lock (one build at a time: each merges the folders warmed before, so two at once
     would drop one's folders); yields whether it is held (False only with ``wait=False`` when another holds it).
     The lock is on the ``aot`` folder itself: no lock file to create, replace or leave behind."""
-    import fcntl
-
-    fd = os.open(config.cache_folder("aot"), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)     # releases the lock
+    return atomic.locked(config.cache_folder("aot"), wait)
 
 
 def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None, locked: bool = False) -> dict:

@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from edgetrain import atomic
 from edgetrain.atomic import write_atomic
 
 
@@ -39,3 +40,18 @@ def test_data_synced_before_the_rename_and_folder_after(tmp_path, io_log):
     assert any(kind == "fsync" and os.path.dirname(p) == str(tmp_path) and p != str(tmp_path) for kind, p in before), \
         io_log
     assert ("fsync", str(tmp_path)) in after, f"the folder is not synced after the rename: {io_log}"
+
+
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_locked_without_waiting_says_whether_it_holds_the_lock(tmp_path, kind):
+    """flock locks belong to open file descriptions: a second open in this process contends like another process."""
+    path = tmp_path / "lock"
+    if kind == "folder":
+        path.mkdir()
+    with atomic.locked(str(path)) as held:
+        assert held
+        with atomic.locked(str(path), wait=False) as second:
+            assert not second
+    with atomic.locked(str(path), wait=False) as again:
+        assert again
+    assert path.is_dir() if kind == "folder" else path.stat().st_size == 0
