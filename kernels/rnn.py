@@ -85,23 +85,36 @@ def _sigmoid(exp):
 
 
 def _tanh(exp):
-    """Tanh as (1 - e) / (1 + e), e = exp(-2|v|) (v itself for |v| < 1e-4): correctly rounded for float32,
-    not for float64 (cancellation near 0)."""
+    """Tanh as (1 - e) / (1 + e), e = exp(-2|v|), or its series to degree 7 for |v| < 0.01 (remainder below
+    1e-17 relative; 1 - e cancels at most 3 digits above): correctly rounded for float32, float64 arguments
+    included (float64 intermediates stored as float32), not for float64 results."""
     def tanh(v):
         a = abs(np.float64(v))
         e = exp(-2.0 * a)
-        r = (1.0 - e) / (1.0 + e) if a >= 1e-4 else a
+        a2 = a * a
+        r = (1.0 - e) / (1.0 + e) if a >= 0.01 else a + a * a2 * (-1.0 / 3 + a2 * (2.0 / 15 - a2 * (17.0 / 315)))
         return r if v >= 0 else -r
     return tanh
 
 
 _tanh_f32 = _tanh(math.exp)
-gate_sigmoid = _sigmoid(math.exp)
+_sigmoid_any = _sigmoid(math.exp)
 
 
-def gate_tanh(v):
-    """Python's forms (NUMBA_DISABLE_JIT); Numba's take exp from ``_exp_nonpositive`` for float32."""
-    return _tanh_f32(v) if isinstance(v, np.float32) else math.tanh(v)
+def _rounds_to_f32(v, like):
+    """Whether a gate's result is stored as float32: ``v`` is float32, or ``like`` (the destination, an array
+    or a scalar) is (float64 intermediates of float32 data, such as the new cell state, take the fast form)."""
+    return isinstance(v, np.float32) or getattr(like, "dtype", None) == np.float32
+
+
+def gate_sigmoid(v, like=None):
+    """Python's forms (NUMBA_DISABLE_JIT); Numba's take exp from ``_exp_nonpositive`` when the result is
+    float32 (``like``: see ``_rounds_to_f32``)."""
+    return _sigmoid_any(v)
+
+
+def gate_tanh(v, like=None):
+    return _tanh_f32(v) if _rounds_to_f32(v, like) else math.tanh(v)
 
 
 def _exp_nonpositive(x):
@@ -121,13 +134,20 @@ def _numba_extensions(numba):
     (float64 keeps libm's exp and tanh: the float32 form of Tanh loses float64 digits near 0). Registered when
     ``_jit`` loads Numba, and kept in this file so that editing them invalidates Numba's cache of the kernels
     using them."""
+    types = numba.core.types
+
     def by_type(f32, other):
-        return lambda v: f32 if v == numba.core.types.float32 else other
+        def choose(v, like=None):
+            dest = getattr(like, "dtype", like)
+            fn = f32 if types.float32 in (v, dest) else other
+            return lambda v, like=None: fn(v)
+        return choose
 
     exp = numba.njit(inline="always", error_model="numpy")(_exp_nonpositive)
     forms = {gate_sigmoid: (_sigmoid(exp), _sigmoid(math.exp)),
              gate_tanh: (_tanh(exp), lambda v: math.tanh(v))}
     for fn, (f32, other) in forms.items():
+        f32, other = (numba.njit(inline="always", error_model="numpy")(f) for f in (f32, other))
         numba.extending.overload(fn, jit_options={"error_model": "numpy"})(by_type(f32, other))
 
 
@@ -160,9 +180,9 @@ def _lstm_step_std(xw, rec, wb, rb, p, h, c, y, call, iofc, save, t, lens, g64, 
         for j in range(hidden):
             c64[j] = g64[2 * hidden + j] * cb[j] + g64[j] * g64[3 * hidden + j]
         for j in range(hidden):
-            g64[hidden + j] = gate_sigmoid(a[hidden + j] + p[hidden + j] * c64[j])
+            g64[hidden + j] = gate_sigmoid(a[hidden + j] + p[hidden + j] * c64[j], hb)
         for j in range(hidden):
-            hb[j] = g64[hidden + j] * gate_tanh(c64[j])
+            hb[j] = g64[hidden + j] * gate_tanh(c64[j], hb)
             yb[j] = hb[j]
             cb[j] = c64[j]
         if save:
