@@ -5,7 +5,7 @@ directions' W^T); then, step by step, one GEMM for the recurrent projection h_{t
 linear_before_reset: two, the candidate gate's reads r * h_{t-1}) and one jitted pass over the batch for the
 gates and states. Gradient: per step the jitted pass turns dh (and dc) into the gates' pre-activation
 gradients, kept for every step, and one GEMM carries them back through R; afterwards dW, dR and dX are one
-GEMM each over all steps, dB a column sum.
+GEMM each over all steps, dB a GEMV.
 
 Sequence lengths: a sequence b stops at step lens[b] (the reverse direction starts there), its state then
 stays as it is and Y is zero; its gradient passes those steps untouched. Every array the kernels see is a view
@@ -68,9 +68,9 @@ def _kernel_codes(acts, dtype):
 # polynomial in float64 that LLVM vectorizes.
 # exp(x), x <= 0: 2**n exp(r), n = round(x / ln2) by the 1.5 * 2**52 shift (its low bits are n, so no
 # float-to-int conversion, which AVX2 has no vector form of), r = x - n ln2 (ln2 in two parts), |r| <= ln2/2,
-# Taylor to degree 12 (remainder < 2e-16 relative), evaluated by Estrin's scheme: within 2 ulp of float64, so
-# float32 results round as from the exact value (float64 results keep libm's exp and tanh). Below -708 it gives exp(-708) (2**n stays
-# normal), which no float32 sigmoid or tanh tells from 0; NaN gives NaN.
+# Taylor to degree 12 (remainder < 2e-16 relative), evaluated by Estrin's scheme: within 2 ulp of float64,
+# so float32 results round as from the exact value (float64 results keep libm's exp and tanh). Below -708 it
+# gives exp(-708) (2**n stays normal), which no float32 sigmoid or tanh tells from 0; NaN gives NaN.
 _ROUND_SHIFT = 6755399441055744.0
 _LN2_HI, _LN2_LO, _LOG2E = 6.93147180369123816490e-01, 1.90821492927058770002e-10, 1.44269504088896338700e+00
 _EXP_TAYLOR = tuple(1.0 / math.factorial(k) for k in range(13))      # 1/k!
@@ -92,7 +92,8 @@ def _tanh(exp):
         a = abs(np.float64(v))
         e = exp(-2.0 * a)
         a2 = a * a
-        r = (1.0 - e) / (1.0 + e) if a >= 0.01 else a + a * a2 * (-1.0 / 3 + a2 * (2.0 / 15 - a2 * (17.0 / 315)))
+        series = a + a * a2 * (-1.0 / 3 + a2 * (2.0 / 15 - a2 * (17.0 / 315)))
+        r = (1.0 - e) / (1.0 + e) if a >= 0.01 else series
         return r if v >= 0 else -r
     return tanh
 
@@ -102,8 +103,9 @@ _sigmoid_any = _sigmoid(math.exp)
 
 
 def _rounds_to_f32(v, like):
-    """Whether a gate's result is stored as float32: ``v`` is float32, or ``like`` (the destination, an array
-    or a scalar) is (float64 intermediates of float32 data, such as the new cell state, take the fast form)."""
+    """Whether a gate's result is stored as float32: ``v`` is float32, or ``like`` (the destination, an
+    array or a scalar) is (float64 intermediates of float32 data, such as a new cell state, take the fast
+    form)."""
     return isinstance(v, np.float32) or getattr(like, "dtype", None) == np.float32
 
 
@@ -214,8 +216,8 @@ def _gru_gates_std(xw, rec, wb, rb, h, zrh, rh, t, lens):
 
 @jit
 def _gru_finish_std(xw, rec, wb, rb, h, y, zrh, t, lens, n64):
-    """``_gru_finish`` with Tanh, without linear_before_reset (with it: ``_gru_step_std``); the candidate stays
-    in float64 (n64 [hidden]) until stored."""
+    """``_gru_finish`` with Tanh, without linear_before_reset (with it: ``_gru_step_std``); the candidate
+    stays in float64 (n64 [hidden]) until stored."""
     batch, hidden = h.shape
     for b in range(batch):
         if t >= lens[b]:
@@ -235,8 +237,8 @@ def _gru_finish_std(xw, rec, wb, rb, h, y, zrh, t, lens, n64):
 
 @jit
 def _gru_step_std(xw, rec, wb, rb, h, y, zrh, t, lens, n64):
-    """A whole GRU step with linear_before_reset (rec holds h_{t-1} R^T for all three gates): ``_gru_gates_std``
-    and ``_gru_finish_std`` in one pass over the batch."""
+    """A whole GRU step with linear_before_reset (rec holds h_{t-1} R^T for all three gates):
+    ``_gru_gates_std`` and ``_gru_finish_std`` in one pass over the batch."""
     batch, hidden = h.shape
     k = 2 * hidden
     for b in range(batch):
@@ -248,7 +250,7 @@ def _gru_step_std(xw, rec, wb, rb, h, y, zrh, t, lens, n64):
         for j in range(k):
             zb[j] = gate_sigmoid(xb[j] + ab[j] + wb[j] + rb[j])
         for j in range(hidden):
-            n64[j] = gate_tanh(xb[k + j] + wb[k + j] + zb[hidden + j] * (ab[k + j] + rb[k + j]), hb)
+            n64[j] = gate_tanh(xb[k + j] + wb[k + j] + zb[hidden + j] * (ab[k + j] + rb[k + j]))
         for j in range(hidden):
             hb[j] = (1.0 - zb[j]) * n64[j] + zb[j] * hb[j]
             yb[j] = hb[j]
@@ -628,7 +630,7 @@ def _forward(ctx, cell):
             wb, rb = v.bias(bias, d)
             np.copyto(h, h0v[d])
             acts = v.acts[d]
-            np.copyto(rt, r[d].T)       # the step GEMMs read R^T row by row (an eighth faster than R's columns)
+            np.copyto(rt, r[d].T)       # the step GEMMs read R^T by rows (an eighth faster than R's columns)
             xd = xw4[:, :, d * gh:(d + 1) * gh]
             if cell == "LSTM":
                 np.copyto(c, c0v[d])
@@ -698,7 +700,7 @@ def _backward(ctx, cell):
     lbr = g.linear_before_reset
     dp_scratch = np.empty(3 * hidden, v.dtype)     # peephole gradients nobody asked for
     tc64, dct64, da64 = np.empty(hidden), np.empty(hidden), np.empty(gh)     # _lstm_back_std's float64 rows
-    ones = np.ones(rows, v.dtype)      # dB as a GEMV over the steps' rows: twice as fast as np.sum's column sums
+    ones = np.ones(rows, v.dtype)      # dB as a GEMV over the steps' rows: twice np.sum's column sums' speed
 
     def run(*args):
         ins = dict(zip(at, args[:n_in]))      # by name; an absent input is missing or None
@@ -738,8 +740,8 @@ def _backward(ctx, cell):
                 last = (tc64, dct64, da64) if v.std[d] else acts
                 for t in steps:
                     dyt = dy4[t, d] if dy4 is not None else dh
-                    back(dyt, dy4 is not None, iofc4[t, d], call4[t, d], aux3[t], p, dh, dc, dpd[t], dp, t, lens,
-                         *last)
+                    back(dyt, dy4 is not None, iofc4[t, d], call4[t, d], aux3[t], p, dh, dc, dpd[t], dp, t,
+                         lens, *last)
                     np.matmul(dpd[t], rd, out=tmp)
                     np.add(dh, tmp, out=dh)
             elif cell == "GRU":
@@ -751,7 +753,8 @@ def _backward(ctx, cell):
                 last = () if v.std[d] else acts[:2]
                 for t in steps:
                     dyt = dy4[t, d] if dy4 is not None else dh
-                    back(dyt, dy4 is not None, zrh4[t, d], hp3[t], aux3[t], dh, dpd[t], drd[t], t, lens, *last, lbr)
+                    back(dyt, dy4 is not None, zrh4[t, d], hp3[t], aux3[t], dh, dpd[t], drd[t], t, lens,
+                         *last, lbr)
                     if lbr:
                         np.matmul(drd[t], rd, out=tmp)
                     else:
@@ -763,8 +766,8 @@ def _backward(ctx, cell):
                     _times_reset(zrh4[:, d], hp3, aux3)
             else:
                 for t in steps:
-                    _rnn_back(dy4[t, d] if dy4 is not None else dh, dy4 is not None, y4[t, d], dh, dpd[t], t, lens,
-                         acts[0])
+                    _rnn_back(dy4[t, d] if dy4 is not None else dh, dy4 is not None, y4[t, d], dh, dpd[t], t,
+                              lens, acts[0])
                     np.matmul(dpd[t], rd, out=tmp)
                     np.add(dh, tmp, out=dh)
             if dh0 is not None:
