@@ -631,6 +631,7 @@ def _forward(ctx, cell):
             np.copyto(h, h0v[d])
             acts = v.acts[d]
             np.copyto(rt, r[d].T)       # the step GEMMs read R^T by rows (an eighth faster than R's columns)
+            # np.dot: h, rt and rec are C-contiguous, and its call costs 0.4 us less than np.matmul's
             xd = xw4[:, :, d * gh:(d + 1) * gh]
             if cell == "LSTM":
                 np.copyto(c, c0v[d])
@@ -638,13 +639,13 @@ def _forward(ctx, cell):
                 step = _lstm_step_std if v.std[d] else _lstm_step
                 last = (g64, c64) if v.std[d] else acts
                 for t in v.order[d]:
-                    np.matmul(h, rt, out=rec)
+                    np.dot(h, rt, out=rec)
                     saved = (call[t, d], iofc[t, d]) if training else (rec, rec)
                     step(xd[t], rec, wb, rb, pd, h, c, y4[t, d], *saved, training, t, lens, *last)
             elif cell == "GRU" and g.linear_before_reset:
                 for t in v.order[d]:
                     zt = zrh[t, d] if zrh is not None else gates[t]
-                    np.matmul(h, rt, out=rec)
+                    np.dot(h, rt, out=rec)
                     if v.std[d]:
                         _gru_step_std(xd[t], rec, wb, rb, h, y4[t, d], zt, t, lens, c64)
                     else:
@@ -666,7 +667,7 @@ def _forward(ctx, cell):
                         _gru_finish(xd[t], rec, wb, rb, h, y4[t, d], zt, t, lens, acts[1], False)
             else:
                 for t in v.order[d]:
-                    np.matmul(h, rt, out=rec)
+                    np.dot(h, rt, out=rec)
                     _rnn_step(xd[t], rec, wb, rb, h, y4[t, d], t, lens, acts[0])
             # the final states: the state each sequence ended in
             if outs[1] is not None:
