@@ -5,7 +5,7 @@ directions' W^T); then, step by step, one GEMM for the recurrent projection h_{t
 linear_before_reset: two, the candidate gate's reads r * h_{t-1}) and one jitted pass over the batch for the
 gates and states. Gradient: per step the jitted pass turns dh (and dc) into the gates' pre-activation
 gradients, kept for every step, and one GEMM carries them back through R; afterwards dW, dR and dX are one
-GEMM each over all steps, dB a column sum.
+GEMM each over all steps, dB a GEMV.
 
 Sequence lengths: a sequence b stops at step lens[b] (the reverse direction starts there), its state then
 stays as it is and Y is zero; its gradient passes those steps untouched. Every array the kernels see is a view
@@ -68,12 +68,12 @@ def _kernel_codes(acts, dtype):
 # polynomial in float64 that LLVM vectorizes.
 # exp(x), x <= 0: 2**n exp(r), n = round(x / ln2) by the 1.5 * 2**52 shift (its low bits are n, so no
 # float-to-int conversion, which AVX2 has no vector form of), r = x - n ln2 (ln2 in two parts), |r| <= ln2/2,
-# Taylor to degree 12 (remainder < 2e-16 relative): within 2 ulp of float64, so float32 results round as from
-# the exact value (float64 arguments keep libm's exp and tanh). Below -708 it gives exp(-708) (2**n stays
-# normal), which no float32 sigmoid or tanh tells from 0; NaN gives NaN.
+# Taylor to degree 12 (remainder < 2e-16 relative), evaluated by Estrin's scheme: within 2 ulp of float64,
+# so float32 results round as from the exact value (float64 results keep libm's exp and tanh). Below -708 it
+# gives exp(-708) (2**n stays normal), which no float32 sigmoid or tanh tells from 0; NaN gives NaN.
 _ROUND_SHIFT = 6755399441055744.0
 _LN2_HI, _LN2_LO, _LOG2E = 6.93147180369123816490e-01, 1.90821492927058770002e-10, 1.44269504088896338700e+00
-_EXP_TAYLOR = tuple(1.0 / math.factorial(k) for k in range(12, -1, -1))
+_EXP_TAYLOR = tuple(1.0 / math.factorial(k) for k in range(13))      # 1/k!
 DEFAULT_ACTS = (ACTIVATIONS["sigmoid"], ACTIVATIONS["tanh"], ACTIVATIONS["tanh"])
 
 
@@ -85,23 +85,38 @@ def _sigmoid(exp):
 
 
 def _tanh(exp):
-    """Tanh as (1 - e) / (1 + e), e = exp(-2|v|) (v itself for |v| < 1e-4): correctly rounded for float32,
-    not for float64 (cancellation near 0)."""
+    """Tanh as (1 - e) / (1 + e), e = exp(-2|v|), or its series to degree 7 for |v| < 0.01 (remainder below
+    1e-17 relative; 1 - e cancels at most 3 digits above): correctly rounded for float32, float64 arguments
+    included (float64 intermediates stored as float32), not for float64 results."""
     def tanh(v):
         a = abs(np.float64(v))
         e = exp(-2.0 * a)
-        r = (1.0 - e) / (1.0 + e) if a >= 1e-4 else a
+        a2 = a * a
+        series = a + a * a2 * (-1.0 / 3 + a2 * (2.0 / 15 - a2 * (17.0 / 315)))
+        r = (1.0 - e) / (1.0 + e) if a >= 0.01 else series
         return r if v >= 0 else -r
     return tanh
 
 
 _tanh_f32 = _tanh(math.exp)
-gate_sigmoid = _sigmoid(math.exp)
+_sigmoid_any = _sigmoid(math.exp)
 
 
-def gate_tanh(v):
-    """Python's forms (NUMBA_DISABLE_JIT); Numba's take exp from ``_exp_nonpositive`` for float32."""
-    return _tanh_f32(v) if isinstance(v, np.float32) else math.tanh(v)
+def _rounds_to_f32(v, like):
+    """Whether a gate's result is stored as float32: ``v`` is float32, or ``like`` (the destination, an
+    array or a scalar) is (float64 intermediates of float32 data, such as a new cell state, take the fast
+    form)."""
+    return isinstance(v, np.float32) or getattr(like, "dtype", None) == np.float32
+
+
+def gate_sigmoid(v, like=None):
+    """Python's forms (NUMBA_DISABLE_JIT); Numba's take exp from ``_exp_nonpositive`` when the result is
+    float32 (``like``: see ``_rounds_to_f32``)."""
+    return _sigmoid_any(v)
+
+
+def gate_tanh(v, like=None):
+    return _tanh_f32(v) if _rounds_to_f32(v, like) else math.tanh(v)
 
 
 def _exp_nonpositive(x):
@@ -109,9 +124,13 @@ def _exp_nonpositive(x):
     t = x * _LOG2E + _ROUND_SHIFT
     n = t - _ROUND_SHIFT
     r = x - n * _LN2_HI - n * _LN2_LO
-    p = _EXP_TAYLOR[0]
-    for k in _EXP_TAYLOR[1:]:
-        p = p * r + k
+    # Estrin's scheme: 4 dependent multiply-adds instead of Horner's 12 (the loops were latency-bound: 1.6x
+    # faster sigmoids); c = _EXP_TAYLOR
+    c = _EXP_TAYLOR
+    r2 = r * r
+    r4 = r2 * r2
+    p = (((c[0] + c[1] * r) + (c[2] + c[3] * r) * r2) + ((c[4] + c[5] * r) + (c[6] + c[7] * r) * r2) * r4
+         + (((c[8] + c[9] * r) + (c[10] + c[11] * r) * r2) + c[12] * r4) * (r4 * r4))
     return p * np.int64((np.float64(t).view(np.int64) + 1023) << 52).view(np.float64)
 
 
@@ -121,13 +140,20 @@ def _numba_extensions(numba):
     (float64 keeps libm's exp and tanh: the float32 form of Tanh loses float64 digits near 0). Registered when
     ``_jit`` loads Numba, and kept in this file so that editing them invalidates Numba's cache of the kernels
     using them."""
+    types = numba.core.types
+
     def by_type(f32, other):
-        return lambda v: f32 if v == numba.core.types.float32 else other
+        def choose(v, like=None):
+            dest = getattr(like, "dtype", like)
+            fn = f32 if types.float32 in (v, dest) else other
+            return lambda v, like=None: fn(v)
+        return choose
 
     exp = numba.njit(inline="always", error_model="numpy")(_exp_nonpositive)
     forms = {gate_sigmoid: (_sigmoid(exp), _sigmoid(math.exp)),
              gate_tanh: (_tanh(exp), lambda v: math.tanh(v))}
     for fn, (f32, other) in forms.items():
+        f32, other = (numba.njit(inline="always", error_model="numpy")(f) for f in (f32, other))
         numba.extending.overload(fn, jit_options={"error_model": "numpy"})(by_type(f32, other))
 
 
@@ -160,9 +186,9 @@ def _lstm_step_std(xw, rec, wb, rb, p, h, c, y, call, iofc, save, t, lens, g64, 
         for j in range(hidden):
             c64[j] = g64[2 * hidden + j] * cb[j] + g64[j] * g64[3 * hidden + j]
         for j in range(hidden):
-            g64[hidden + j] = gate_sigmoid(a[hidden + j] + p[hidden + j] * c64[j])
+            g64[hidden + j] = gate_sigmoid(a[hidden + j] + p[hidden + j] * c64[j], hb)
         for j in range(hidden):
-            hb[j] = g64[hidden + j] * gate_tanh(c64[j])
+            hb[j] = g64[hidden + j] * gate_tanh(c64[j], hb)
             yb[j] = hb[j]
             cb[j] = c64[j]
         if save:
@@ -189,8 +215,9 @@ def _gru_gates_std(xw, rec, wb, rb, h, zrh, rh, t, lens):
 
 
 @jit
-def _gru_finish_std(xw, rec, wb, rb, h, y, zrh, t, lens, lbr, n64):
-    """``_gru_finish`` with Tanh; the candidate stays in float64 (n64 [hidden]) until stored."""
+def _gru_finish_std(xw, rec, wb, rb, h, y, zrh, t, lens, n64):
+    """``_gru_finish`` with Tanh, without linear_before_reset (with it: ``_gru_step_std``); the candidate
+    stays in float64 (n64 [hidden]) until stored."""
     batch, hidden = h.shape
     for b in range(batch):
         if t >= lens[b]:
@@ -199,12 +226,31 @@ def _gru_finish_std(xw, rec, wb, rb, h, y, zrh, t, lens, lbr, n64):
             continue
         zb, xb, ab, hb, yb = zrh[b], xw[b], rec[b], h[b], y[b]
         k = 2 * hidden
-        if lbr:
-            for j in range(hidden):
-                n64[j] = gate_tanh(xb[k + j] + wb[k + j] + zb[hidden + j] * (ab[k + j] + rb[k + j]))
-        else:
-            for j in range(hidden):
-                n64[j] = gate_tanh(xb[k + j] + wb[k + j] + ab[k + j] + rb[k + j])
+        for j in range(hidden):
+            n64[j] = gate_tanh(xb[k + j] + wb[k + j] + ab[k + j] + rb[k + j])
+        for j in range(hidden):
+            hb[j] = (1.0 - zb[j]) * n64[j] + zb[j] * hb[j]
+            yb[j] = hb[j]
+        for j in range(hidden):
+            zb[k + j] = n64[j]
+
+
+@jit
+def _gru_step_std(xw, rec, wb, rb, h, y, zrh, t, lens, n64):
+    """A whole GRU step with linear_before_reset (rec holds h_{t-1} R^T for all three gates):
+    ``_gru_gates_std`` and ``_gru_finish_std`` in one pass over the batch."""
+    batch, hidden = h.shape
+    k = 2 * hidden
+    for b in range(batch):
+        if t >= lens[b]:
+            y[b] = 0
+            zrh[b] = 0
+            continue
+        zb, xb, ab, hb, yb = zrh[b], xw[b], rec[b], h[b], y[b]
+        for j in range(k):
+            zb[j] = gate_sigmoid(xb[j] + ab[j] + wb[j] + rb[j])
+        for j in range(hidden):
+            n64[j] = gate_tanh(xb[k + j] + wb[k + j] + zb[hidden + j] * (ab[k + j] + rb[k + j]))
         for j in range(hidden):
             hb[j] = (1.0 - zb[j]) * n64[j] + zb[j] * hb[j]
             yb[j] = hb[j]
@@ -564,6 +610,7 @@ def _forward(ctx, cell):
     y_scratch = np.empty(g.y_shape(), v.dtype) if n_out == 0 or not ctx.node.outputs[0] else None
     gates = np.empty((g.seq, g.batch, gh), v.dtype) if cell == "GRU" and not training else None
     g64, c64 = np.empty(gh), np.empty(hidden)      # the "_std" kernels' float64 rows
+    rt = np.empty((hidden, gh), v.dtype)            # R^T of one direction
 
     def run(*args):
         x, w, r = args[0], args[1], args[2]
@@ -583,41 +630,44 @@ def _forward(ctx, cell):
             wb, rb = v.bias(bias, d)
             np.copyto(h, h0v[d])
             acts = v.acts[d]
-            rt = r[d].T
+            np.copyto(rt, r[d].T)       # the step GEMMs read R^T by rows (an eighth faster than R's columns)
+            # np.dot: h, rt and rec are C-contiguous, and its call costs 0.4 us less than np.matmul's
             xd = xw4[:, :, d * gh:(d + 1) * gh]
             if cell == "LSTM":
                 np.copyto(c, c0v[d])
                 pd = (v.zeros_p if p is None else p)[d]
+                step = _lstm_step_std if v.std[d] else _lstm_step
+                last = (g64, c64) if v.std[d] else acts
                 for t in v.order[d]:
-                    np.matmul(h, rt, out=rec)
+                    np.dot(h, rt, out=rec)
                     saved = (call[t, d], iofc[t, d]) if training else (rec, rec)
+                    step(xd[t], rec, wb, rb, pd, h, c, y4[t, d], *saved, training, t, lens, *last)
+            elif cell == "GRU" and g.linear_before_reset:
+                for t in v.order[d]:
+                    zt = zrh[t, d] if zrh is not None else gates[t]
+                    np.dot(h, rt, out=rec)
                     if v.std[d]:
-                        _lstm_step_std(xd[t], rec, wb, rb, pd, h, c, y4[t, d], *saved, training, t, lens, g64,
-                                       c64)
+                        _gru_step_std(xd[t], rec, wb, rb, h, y4[t, d], zt, t, lens, c64)
                     else:
-                        _lstm_step(xd[t], rec, wb, rb, pd, h, c, y4[t, d], *saved, training, t, lens, *acts)
+                        _gru_gates(xd[t], rec, wb, rb, h, zt, c, t, lens, acts[0])
+                        _gru_finish(xd[t], rec, wb, rb, h, y4[t, d], zt, t, lens, acts[1], True)
             elif cell == "GRU":
                 std = v.std[d]
                 for t in v.order[d]:
                     zt = zrh[t, d] if zrh is not None else gates[t]
-                    if g.linear_before_reset:
-                        np.matmul(h, rt, out=rec)
-                    else:
-                        np.matmul(h, rt[:, :2 * hidden], out=rec[:, :2 * hidden])
+                    np.matmul(h, rt[:, :2 * hidden], out=rec[:, :2 * hidden])
                     if std:
                         _gru_gates_std(xd[t], rec, wb, rb, h, zt, c, t, lens)
                     else:
                         _gru_gates(xd[t], rec, wb, rb, h, zt, c, t, lens, acts[0])
-                    if not g.linear_before_reset:
-                        np.matmul(c, rt[:, 2 * hidden:], out=rec[:, 2 * hidden:])
-                    lbr = g.linear_before_reset
+                    np.matmul(c, rt[:, 2 * hidden:], out=rec[:, 2 * hidden:])
                     if std:
-                        _gru_finish_std(xd[t], rec, wb, rb, h, y4[t, d], zt, t, lens, lbr, c64)
+                        _gru_finish_std(xd[t], rec, wb, rb, h, y4[t, d], zt, t, lens, c64)
                     else:
-                        _gru_finish(xd[t], rec, wb, rb, h, y4[t, d], zt, t, lens, acts[1], lbr)
+                        _gru_finish(xd[t], rec, wb, rb, h, y4[t, d], zt, t, lens, acts[1], False)
             else:
                 for t in v.order[d]:
-                    np.matmul(h, rt, out=rec)
+                    np.dot(h, rt, out=rec)
                     _rnn_step(xd[t], rec, wb, rb, h, y4[t, d], t, lens, acts[0])
             # the final states: the state each sequence ended in
             if outs[1] is not None:
@@ -651,6 +701,7 @@ def _backward(ctx, cell):
     lbr = g.linear_before_reset
     dp_scratch = np.empty(3 * hidden, v.dtype)     # peephole gradients nobody asked for
     tc64, dct64, da64 = np.empty(hidden), np.empty(hidden), np.empty(gh)     # _lstm_back_std's float64 rows
+    ones = np.ones(rows, v.dtype)      # dB as a GEMV over the steps' rows: twice np.sum's column sums' speed
 
     def run(*args):
         ins = dict(zip(at, args[:n_in]))      # by name; an absent input is missing or None
@@ -686,14 +737,12 @@ def _backward(ctx, cell):
                 p = (v.zeros_p if ins.get("P") is None else ins["P"])[d]
                 dp = outs[6][d] if outs[6] is not None else dp_scratch
                 dp[:] = 0
+                back = _lstm_back_std if v.std[d] else _lstm_back
+                last = (tc64, dct64, da64) if v.std[d] else acts
                 for t in steps:
                     dyt = dy4[t, d] if dy4 is not None else dh
-                    if v.std[d]:
-                        _lstm_back_std(dyt, dy4 is not None, iofc4[t, d], call4[t, d], aux3[t], p, dh, dc,
-                                       dpd[t], dp, t, lens, tc64, dct64, da64)
-                    else:
-                        _lstm_back(dyt, dy4 is not None, iofc4[t, d], call4[t, d], aux3[t], p, dh, dc, dpd[t],
-                                   dp, t, lens, *acts)
+                    back(dyt, dy4 is not None, iofc4[t, d], call4[t, d], aux3[t], p, dh, dc, dpd[t], dp, t,
+                         lens, *last)
                     np.matmul(dpd[t], rd, out=tmp)
                     np.add(dh, tmp, out=dh)
             elif cell == "GRU":
@@ -701,14 +750,12 @@ def _backward(ctx, cell):
                 if lbr:   # q = Rh h_{t-1} + Rbh for every step at once
                     np.matmul(hp, rd[2 * hidden:].T, out=aux)
                     np.add(aux, rb[2 * hidden:], out=aux)
+                back = _gru_back_std if v.std[d] else _gru_back
+                last = () if v.std[d] else acts[:2]
                 for t in steps:
                     dyt = dy4[t, d] if dy4 is not None else dh
-                    if v.std[d]:
-                        _gru_back_std(dyt, dy4 is not None, zrh4[t, d], hp3[t], aux3[t], dh, dpd[t], drd[t],
-                                      t, lens, lbr)
-                    else:
-                        _gru_back(dyt, dy4 is not None, zrh4[t, d], hp3[t], aux3[t], dh, dpd[t], drd[t], t,
-                                  lens, acts[0], acts[1], lbr)
+                    back(dyt, dy4 is not None, zrh4[t, d], hp3[t], aux3[t], dh, dpd[t], drd[t], t, lens,
+                         *last, lbr)
                     if lbr:
                         np.matmul(drd[t], rd, out=tmp)
                     else:
@@ -730,16 +777,19 @@ def _backward(ctx, cell):
                 np.copyto(v.state(outs[5])[d], dc)
             cols = slice(d * gh, (d + 1) * gh)
             if dr is not None:
-                if cell == "GRU":
+                if cell == "GRU" and not lbr:
                     np.matmul(drec[:, cols][:, :2 * hidden].T, hp, out=dr[d, :2 * hidden])
-                    np.matmul(drec[:, cols][:, 2 * hidden:].T, hp if lbr else aux, out=dr[d, 2 * hidden:])
+                    np.matmul(drec[:, cols][:, 2 * hidden:].T, aux, out=dr[d, 2 * hidden:])
                 else:
-                    np.matmul(dpre[:, cols].T, hp, out=dr[d])
+                    np.matmul(drec[:, cols].T, hp, out=dr[d])
             if dw is not None:
                 np.matmul(dpre[:, cols].T, x.reshape(rows, g.inputs), out=dw[d])
             if db is not None:
-                np.sum(dpre[:, cols], axis=0, out=db[d, :gh])
-                np.sum(drec[:, cols], axis=0, out=db[d, gh:])
+                np.matmul(ones, dpre[:, cols], out=db[d, :gh])
+                if drec is dpre:
+                    np.copyto(db[d, gh:], db[d, :gh])
+                else:
+                    np.matmul(ones, drec[:, cols], out=db[d, gh:])
         if dx is not None:
             np.matmul(dpre, w.reshape(g.directions * gh, g.inputs), out=dx.reshape(rows, g.inputs))
     return run

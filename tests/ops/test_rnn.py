@@ -293,6 +293,12 @@ def test_default_gate_activations_round_as_the_exact_values():
             s[i] = kernels.gate_sigmoid(x[i])
             t[i] = kernels.gate_tanh(x[i])
 
+    @numba.njit
+    def apply_into(x, s, t):      # float64 intermediates stored as float32: the destination picks the form
+        for i in range(x.size):
+            s[i] = kernels.gate_sigmoid(x[i], s)
+            t[i] = kernels.gate_tanh(x[i], t)
+
     rng = np.random.default_rng(11)
     x64 = np.concatenate([np.linspace(-30, 30, 600001), rng.standard_normal(100000) * 4,
                           np.linspace(-2e-4, 2e-4, 4001), [0.0, -0.0, 800.0, -800.0, np.inf, -np.inf],
@@ -310,3 +316,8 @@ def test_default_gate_activations_round_as_the_exact_values():
         else:
             np.testing.assert_array_max_ulp(s, want_s, maxulp=4)
             np.testing.assert_array_max_ulp(t, want_t, maxulp=4)
+    s, t = np.empty(x64.shape, np.float32), np.empty(x64.shape, np.float32)
+    apply_into(x64, s, t)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(s, (1.0 / (1.0 + np.exp(-x64))).astype(np.float32))
+    np.testing.assert_array_equal(t, np.tanh(x64).astype(np.float32))
