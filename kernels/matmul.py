@@ -5,11 +5,12 @@ call per leading index (32 calls of [8, 64] @ [64, 192] for the transformer's in
 Arena arrays are C-contiguous, so the flattening is a view.
 
 Tiny GEMMs (2-D, alpha 1, not both transposed) run as Numba loops instead: there numpy's fixed cost per call
-(ufunc dispatch, BLAS setup: ~2 us) is most of the time, and a loop over L1-resident operands costs less (the
-digits MLP's 32x64 @ 64x32). Each loop walks contiguous rows: a @ b^T takes dot products of rows (inner
-dimension k; up to m*n*k = ``SMALL_GEMM``), op(a) @ b adds rows of b (inner dimension n, stored back each
-step: up to ``SMALL_AXPY``). The limits are where the loops stopped beating numpy on this x86 (AVX-512) in
-alternating measurements. Sums run in another order than BLAS's, within the same rounding error.
+(ufunc dispatch, BLAS setup: ~1.5-2 us) is most of the time, and a loop over L1-resident operands costs less (the
+digits MLP's 32x64 @ 64x32, the mlp's last layer). Each loop walks contiguous rows and reuses every load over a
+block of y (a @ b^T: dot products of rows, 2 rows x 4 columns of y at a time, inner dimension k; op(a) @ b: 4 rows
+of y each adding 2 rows of b per pass, inner dimension n). Both stop at m*n*k = ``SMALL_GEMM`` / ``SMALL_AXPY``,
+where BLAS (~80 GFLOP/s here) plus its fixed cost caught up with the loops (~45) in alternating measurements on
+an AMD EPYC (Zen 3, AVX2). Sums run in another order than BLAS's, within the same rounding error.
 """
 import numpy as np
 
@@ -17,8 +18,8 @@ from . import bindable, direct
 from ._gemm_threads import split
 from ._jit import jit
 
-SMALL_GEMM = 1 << 16      # m*n*k at or below which a @ b^T runs as a Numba loop
-SMALL_AXPY = 3 << 12      # ... and op(a) @ b
+SMALL_GEMM = 5 << 14      # m*n*k at or below which a @ b^T runs as a Numba loop (the mlp's 64x128 @ 128x10)
+SMALL_AXPY = 5 << 14      # ... and op(a) @ b
 
 
 def _flattens(ctx, trans_a: int = 0) -> bool:
@@ -88,7 +89,7 @@ def _with_epilogue(ctx, relu: bool):
         zero = y.dtype.type(0)
         if fn is _gemm_nt:
             return _gemm_nt_bias, args[:3] + (bias, relu, zero, False)
-        rows = y.reshape(-1, bias.shape[0])     # K = 0 below: the loop only adds the bias to what y holds
+        rows = y.reshape(-1, bias.shape[0])     # keep (K = 0): the loop only adds the bias to what y holds
         return _then(fn, args, _gemm_nt_bias, (np.empty((rows.shape[0], 0), y.dtype),
                                                np.empty((bias.shape[0], 0), y.dtype), rows, bias, relu, zero, True))
     return bind
@@ -96,8 +97,8 @@ def _with_epilogue(ctx, relu: bool):
 
 def gemm_column_sums(ctx):
     """FusedMatMul (transA) and the column sums of its first operand as stored (the ReduceSum over axis 0 that
-    is a Gemm's bias gradient), one call (plan.fusion's SIBLINGS): the small op(a)^T @ b loop reads each
-    a[p, i] once for both, adding in the ReduceSum kernel's order (rows in turn)."""
+    is a Gemm's bias gradient), one call (plan.fusion's SIBLINGS): the small op(a)^T @ b loop sums a's rows
+    first (the ReduceSum kernel's order, rows in turn), which leaves a in L1 for the GEMM."""
     core = fused_matmul(ctx).bind
 
     @bindable
@@ -162,110 +163,144 @@ def _small_gemm(a, b, y, trans_a: int, trans_b: int):
     return (_gemm_tn if trans_a else _gemm_nn), (a, b, y)
 
 
+@jit(fastmath=True, inline="always")
+def _add_rows(a, b, y):
+    """y = a @ b; a [m, k] (any layout: _gemm_tn passes a transposed view), b [k, n]: rows of y four at a time,
+    each pass over a row adding two rows of b (y[i] += a[i, p] b[p] + a[i, p + 1] b[p + 1]), so each row of b
+    is loaded once per four rows of y and each row of y once per two of b (the loops are load/store bound)."""
+    m, n = y.shape
+    k = b.shape[0]
+    i = 0
+    while i < m:
+        rows = 4 if i + 4 <= m else 1
+        for r in range(i, i + rows):
+            for j in range(n):
+                y[r, j] = 0.0
+        p = 0
+        while p + 2 <= k:
+            if rows == 4:
+                c00, c01 = a[i, p], a[i, p + 1]
+                c10, c11 = a[i + 1, p], a[i + 1, p + 1]
+                c20, c21 = a[i + 2, p], a[i + 2, p + 1]
+                c30, c31 = a[i + 3, p], a[i + 3, p + 1]
+                for j in range(n):
+                    b0, b1 = b[p, j], b[p + 1, j]
+                    y[i, j] += c00 * b0 + c01 * b1
+                    y[i + 1, j] += c10 * b0 + c11 * b1
+                    y[i + 2, j] += c20 * b0 + c21 * b1
+                    y[i + 3, j] += c30 * b0 + c31 * b1
+            else:
+                c00, c01 = a[i, p], a[i, p + 1]
+                for j in range(n):
+                    y[i, j] += c00 * b[p, j] + c01 * b[p + 1, j]
+            p += 2
+        if p < k:
+            for r in range(i, i + rows):
+                c = a[r, p]
+                for j in range(n):
+                    y[r, j] += c * b[p, j]
+        i += rows
+
+
 @jit(fastmath=True)
 def _gemm_nn(a, b, y):
-    """y = a @ b; a [m, k], b [k, n]: row i of y adds a[i, p] * row p of b, p in order."""
-    m, n = y.shape
-    for i in range(m):
-        for j in range(n):
-            y[i, j] = 0.0
-        for p in range(b.shape[0]):
-            aip = a[i, p]
-            for j in range(n):
-                y[i, j] += aip * b[p, j]
+    """y = a @ b; a [m, k], b [k, n]."""
+    _add_rows(a, b, y)
 
 
 @jit(fastmath=True)
 def _gemm_tn(a, b, y):
-    """y = a^T @ b; a [k, m], b [k, n]: for each p in order, row i of y adds a[p, i] * row p of b."""
-    m, n = y.shape
-    for i in range(m):
-        for j in range(n):
-            y[i, j] = 0.0
-    for p in range(b.shape[0]):
-        for i in range(m):
-            api = a[p, i]
-            for j in range(n):
-                y[i, j] += api * b[p, j]
+    """y = a^T @ b; a [k, m], b [k, n]."""
+    _add_rows(a.T, b, y)
 
 
 @jit(fastmath=True)
 def _gemm_tn_sums(a, b, y, sums):
-    """_gemm_tn, and sums[i] = a[0, i] + a[1, i] + ... as it reads them."""
-    m, n = y.shape
+    """_gemm_tn, and sums[i] = a[0, i] + a[1, i] + ... (rows in turn, the ReduceSum kernel's order; a is in L1
+    for the GEMM after this pass)."""
+    m = y.shape[0]
     for i in range(m):
         sums[i] = 0.0
-        for j in range(n):
-            y[i, j] = 0.0
-    for p in range(b.shape[0]):
+    for p in range(a.shape[0]):
         for i in range(m):
-            api = a[p, i]
-            sums[i] += api
-            for j in range(n):
-                y[i, j] += api * b[p, j]
+            sums[i] += a[p, i]
+    _add_rows(a.T, b, y)
 
 
-@jit(fastmath=True)
-def _gemm_nt(a, b, y, zero):
-    """y = a @ b^T; a [m, k], b [n, k]: dot products of rows, four columns of y at a time (each row of a read
-    once per four rows of b); sums in a's type, from ``zero`` of it."""
-    m, n = y.shape
+@jit(fastmath=True, inline="always")
+def _dot_rows(a, b, y, i, rows, zero):
+    """Rows i to i + rows (1 or 2) of y = a @ b^T; a [m, k], b [n, k]: dot products of rows, four columns of y
+    at a time (each row of b read once per two rows of y, each row of a once per four columns); sums in a's type,
+    from ``zero`` of it."""
+    n = y.shape[1]
     k = a.shape[1]
-    for i in range(m):
-        j = 0
-        while j + 4 <= n:
-            s0 = s1 = s2 = s3 = zero
+    j = 0
+    while j + 4 <= n:
+        s0 = s1 = s2 = s3 = zero
+        if rows == 2:
+            t0 = t1 = t2 = t3 = zero
+            for p in range(k):
+                ap, aq = a[i, p], a[i + 1, p]
+                b0, b1, b2, b3 = b[j, p], b[j + 1, p], b[j + 2, p], b[j + 3, p]
+                s0 += ap * b0
+                s1 += ap * b1
+                s2 += ap * b2
+                s3 += ap * b3
+                t0 += aq * b0
+                t1 += aq * b1
+                t2 += aq * b2
+                t3 += aq * b3
+            y[i + 1, j] = t0
+            y[i + 1, j + 1] = t1
+            y[i + 1, j + 2] = t2
+            y[i + 1, j + 3] = t3
+        else:
             for p in range(k):
                 ap = a[i, p]
                 s0 += ap * b[j, p]
                 s1 += ap * b[j + 1, p]
                 s2 += ap * b[j + 2, p]
                 s3 += ap * b[j + 3, p]
-            y[i, j] = s0
-            y[i, j + 1] = s1
-            y[i, j + 2] = s2
-            y[i, j + 3] = s3
-            j += 4
-        for jj in range(j, n):
+        y[i, j] = s0
+        y[i, j + 1] = s1
+        y[i, j + 2] = s2
+        y[i, j + 3] = s3
+        j += 4
+    for jj in range(j, n):
+        for r in range(i, i + rows):
             s = zero
             for p in range(k):
-                s += a[i, p] * b[jj, p]
-            y[i, jj] = s
+                s += a[r, p] * b[jj, p]
+            y[r, jj] = s
+
+
+@jit(fastmath=True)
+def _gemm_nt(a, b, y, zero):
+    """y = a @ b^T; a [m, k], b [n, k] (_dot_rows, two rows at a time)."""
+    m = y.shape[0]
+    i = 0
+    while i < m:
+        rows = 2 if i + 2 <= m else 1
+        _dot_rows(a, b, y, i, rows, zero)
+        i += rows
 
 
 @jit(fastmath=True)
 def _gemm_nt_bias(a, b, y, bias, relu, zero, keep):
     """_gemm_nt storing ``sum + bias[j]`` (then ReLU'd with ``relu``, as the generated Relu: NaN stays NaN); each
-    sum in y's type first, as the GEMM's own store rounds it, so the bits are the unfolded steps'. ``keep``: the
-    sums start from what y holds (K = 0 then adds the bias to a GEMM computed elsewhere)."""
+    sum in y's type first, as the GEMM's own store rounds it, so the bits are the unfolded steps'. ``keep``: y
+    holds the sums already (a GEMM computed elsewhere; a and b are empty) and only gets the bias."""
     m, n = y.shape
-    k = a.shape[1]
-    for i in range(m):
-        j = 0
-        while j + 4 <= n:
-            s0 = y[i, j] if keep else zero
-            s1 = y[i, j + 1] if keep else zero
-            s2 = y[i, j + 2] if keep else zero
-            s3 = y[i, j + 3] if keep else zero
-            for p in range(k):
-                ap = a[i, p]
-                s0 += ap * b[j, p]
-                s1 += ap * b[j + 1, p]
-                s2 += ap * b[j + 2, p]
-                s3 += ap * b[j + 3, p]
-            y[i, j] = s0
-            y[i, j + 1] = s1
-            y[i, j + 2] = s2
-            y[i, j + 3] = s3
-            j += 4
-        for jj in range(j, n):
-            s = y[i, jj] if keep else zero
-            for p in range(k):
-                s += a[i, p] * b[jj, p]
-            y[i, jj] = s
-        for j in range(n):
-            v = y[i, j] + bias[j]
-            y[i, j] = (zero if v < 0 else v) if relu else v
+    i = 0
+    while i < m:
+        rows = 2 if i + 2 <= m else 1
+        if not keep:
+            _dot_rows(a, b, y, i, rows, zero)
+        for r in range(i, i + rows):      # the rows just stored, still in L1
+            for j in range(n):
+                v = y[r, j] + bias[j]
+                y[r, j] = (zero if v < 0 else v) if relu else v
+        i += rows
 
 
 def _scaled_matmul(a, b, y, alpha):
