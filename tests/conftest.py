@@ -15,6 +15,10 @@ os.environ["EDGETRAIN_NO_AUTOWARM"] = "1"
 # whenever the load average leaves a CPU free, so which tests pay a helper's start would depend on the machine's
 # load): tests/test_parallel_compile.py sets EDGETRAIN_COMPILE_WORKERS itself where it is the subject.
 os.environ["EDGETRAIN_COMPILE_WORKERS"] = "1"
+# Nor does any test process load a warm kernel set from the user's cache folder (a set built there by an earlier
+# bench or scratch run would serve the suite instead of the JIT it tests): tests/test_warm.py and
+# tests/test_autowarm.py drop this in the processes where the warm set is the subject.
+os.environ["EDGETRAIN_NO_AOT"] = "1"
 
 
 @pytest.fixture(scope="session")

@@ -124,6 +124,7 @@ def test_switched_off_and_where_it_cannot_build(monkeypatch, tmp_path):
     assert os.environ.get(autowarm.OPT_OUT) == "1"                 # conftest: the suite never spawns builds
     assert not autowarm.enabled()
     monkeypatch.delenv(autowarm.OPT_OUT)
+    monkeypatch.delenv("EDGETRAIN_NO_AOT")                         # conftest: no warm set serves the suite
     assert autowarm.enabled()
     monkeypatch.setenv("EDGETRAIN_NO_AOT", "1")                    # no warm path, nothing to build it for
     assert not autowarm.enabled()

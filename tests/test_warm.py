@@ -41,9 +41,14 @@ print(json.dumps({"losses": losses, "warm": _jit.warm_set() is not None,
 """
 
 
+def _env(cache, **env):
+    """The suite's environment with the warm path on (conftest turns it off) and the kernel cache in ``cache``."""
+    run_env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "EDGETRAIN_NO_AOT")}
+    return dict(run_env, EDGETRAIN_CACHE_DIR=str(cache), **env)
+
+
 def _run(art, cache, **env):
-    run_env = dict(os.environ, EDGETRAIN_CACHE_DIR=str(cache), **env)
-    run_env.pop("NUMBA_CACHE_DIR", None)
+    run_env = _env(cache, **env)
     out = subprocess.run([sys.executable, "-c", TRAIN, str(art)], env=run_env, capture_output=True, text=True,
                          check=False)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -58,8 +63,7 @@ def warmed(shared, tmp_path_factory):
     art.mkdir()
     for name in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint"):
         shutil.copyfile(shared / "ort_artifacts" / "digits" / name, art / name)   # only these: stray files refused
-    env = dict(os.environ, EDGETRAIN_CACHE_DIR=str(cache))
-    env.pop("NUMBA_CACHE_DIR", None)
+    env = _env(cache)
     out = subprocess.run([sys.executable, "-m", "edgetrain", "warm", str(art), "--batch-size", "1", "32"],
                          env=env, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
@@ -103,7 +107,7 @@ w = np.ones(4)
 training._adamw(w, a, a, a, np.ones(4), np.zeros(1, np.int64), a, a, 1, True)
 print("numba" in sys.modules, w.tolist())
 """
-    env = dict(os.environ, EDGETRAIN_CACHE_DIR=str(cache))
+    env = _env(cache)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("True")
