@@ -78,9 +78,9 @@ def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None, locked: b
     stage.mkdir(mode=0o700)
     try:
         fed = sum(f in shapes for f in everything)
-        at = [f"{fed} with the input shapes a run fed"] if fed else []
-        at += [f"{len(everything) - fed} at batch sizes {sizes}"] if fed < len(everything) else []
-        log(f"compiling the kernels of {len(everything)} artifact folder(s), {' and '.join(at)} (tens of seconds)")
+        at = " and ".join(([f"{fed} with the input shapes a run fed"] if fed else [])
+                          + ([f"{len(everything) - fed} at batch sizes {sizes}"] if fed < len(everything) else []))
+        log(f"compiling the kernels of {len(everything)} artifact folder(s), {at} (tens of seconds)")
         # the recording process runs the JIT it records, and starts no automatic build of its own
         env = dict(os.environ, EDGETRAIN_NO_AOT="1", EDGETRAIN_NO_AUTOWARM="1")
         cmd = [sys.executable, "-m", "edgetrain.minimal_build.warm", str(stage), "--batch-size",
@@ -101,7 +101,7 @@ def build(artifact_folders, batch_sizes=DEFAULT_BATCH_SIZES, log=None, locked: b
         log("could not write the package's .pyc files (read-only install?): each process compiles its modules")
     n_sigs = sum(len(e) for e in manifest["kernels"].values())
     log(f"warm kernel set {_warm.folder(set_key)}: {len(manifest['kernels'])} kernels / {n_sigs} signatures "
-        f"for {len(everything)} artifact folder(s) at batch sizes {sizes}")
+        f"for {len(everything)} artifact folder(s), {at}")
     return manifest
 
 

@@ -273,3 +273,14 @@ def test_the_shapes_reach_the_build_process_as_json(monkeypatch):
     autowarm.start(["/art/a", "/art/b"], {"/art/a": shapes, "/art/b": {"train": [], "eval": []}, "/art/c": shapes})
     args = autowarm.parse_args(started[0][3:])
     assert args.folders == ["/art/a", "/art/b"] and args.feeds == {"/art/a": shapes}   # b ran nothing: batch sizes
+
+
+def test_shapes_a_manifest_recorded_are_checked_before_a_rebuild_uses_them():
+    from edgetrain.minimal_build import warm
+
+    good = {"train": [{"x": [[2, 5, 4], "float32"]}]}
+    said = []
+    kept = warm.known_feeds({"/art/a": good, "/art/b": {"train": [{"x": [[2], "float32"]}]} | {"eval": 3},
+                             "/art/gone": good}, ["/art/a", "/art/b", "/art/c"], said.append)
+    assert kept == {"/art/a": {"train": [{"x": ((2, 5, 4), "float32")}]}}       # b at batch sizes, c never had shapes
+    assert len(said) == 1 and "artifact folder /art/b" in said[0] and "running it at batch sizes" in said[0]
