@@ -265,10 +265,10 @@ def test_the_shapes_reach_the_build_process_as_json(monkeypatch):
     import subprocess as sp
 
     started = []
+    from edgetrain.kernels import _autowarm       # where start() looks the compiler up
+
     monkeypatch.setattr(sp, "Popen", lambda cmd, **kw: started.append(cmd))
-    monkeypatch.setattr(autowarm, "compiler_missing", lambda: None)
-    import edgetrain.kernels._autowarm as decider
-    monkeypatch.setattr(decider, "compiler_missing", lambda: None)
+    monkeypatch.setattr(_autowarm, "compiler_missing", lambda: None)
     shapes = {"train": [{"x": [[2, 5, 4], "float32"]}], "eval": []}
     autowarm.start(["/art/a", "/art/b"], {"/art/a": shapes, "/art/b": {"train": [], "eval": []}, "/art/c": shapes})
     args = autowarm.parse_args(started[0][3:])
