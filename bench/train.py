@@ -247,7 +247,7 @@ def bench_model(model: str, systems: list[System], inputs: dict, python: dict, a
             cold = measure(s, model, inputs, python, steps=5, warmup=1, cache=caches[s.name])
             results[s.name]["cold"] = cold
             log(f"{model} {s.name} cold: " + (cold.get("error") or f"{cold['first_s']:.2f} s to the first step, "
-                                              f"{cold['compiled']['misses']} compiled"))
+                                              + cold_compiles(cold["compiled"])))
             # the default flow: the cold run started the warm set's build on its way out; the timed runs come
             # after it, as a user's later processes would (while it runs, it would share the cores with them)
             results[s.name]["autowarm"] = autowarm_build(caches[s.name])
@@ -272,6 +272,14 @@ def bench_model(model: str, systems: list[System], inputs: dict, python: dict, a
                        cache=caches["edgetrain"], profile=args.profile)
         results["edgetrain"]["profile"] = prof.get("profile") or prof.get("error")
     return summarize(results)
+
+
+def cold_compiles(stats: dict) -> str:
+    """A cold run's kernel signatures: compiled in its process (Numba's misses) and by the compile helper
+    (edgetrain/codegen/parallel_compile.py), which the process then loads from the cache (its hits: the cache
+    was empty when it started, so every entry it loads was written during its run)."""
+    return (f"{stats['misses'] + stats['hits']} compiled ({stats['misses']} in the process, {stats['hits']} by "
+            "the compile helper)")
 
 
 def autowarm_build(cache: Path, appear_s: float = 30, timeout_s: float = 1800) -> dict:

@@ -188,21 +188,36 @@ def _as_ort_value(a: np.ndarray) -> OrtValue:
     return np.array(a).view(OrtValue)
 
 
-_TRAINED_FROM: list[str] = []      # artifact folders this process trained from (for the warm kernel set, on exit)
+_TRAINED_FROM: dict[str, list] = {}   # artifact folder this process trained from -> its modules' FedShapes
 
 
-def _note_for_warm_set(train_model_uri, optimizer_uri) -> None:
+def _note_for_warm_set(train_model_uri, optimizer_uri, fed) -> None:
     """Training and optimizer models read from one folder: if this process runs kernels under the JIT, the
-    warm kernel set of that folder is built when it exits (``kernels/_autowarm.py``)."""
+    warm kernel set of that folder is built when it exits (``kernels/_autowarm.py``), with the input shapes
+    ``fed`` (the module's ``FedShapes``) holds by then."""
     if not all(isinstance(u, (str, os.PathLike)) for u in (train_model_uri, optimizer_uri)):
         return
     folder = os.path.dirname(os.path.realpath(train_model_uri))
-    if folder == os.path.dirname(os.path.realpath(optimizer_uri)) and folder not in _TRAINED_FROM:
-        if not _TRAINED_FROM:
-            import atexit
+    if folder != os.path.dirname(os.path.realpath(optimizer_uri)):
+        return
+    if not _TRAINED_FROM:
+        import atexit
 
-            atexit.register(_build_warm_set)
-        _TRAINED_FROM.append(folder)
+        atexit.register(_build_warm_set)
+    records = _TRAINED_FROM.setdefault(folder, [])
+    if not any(r is fed for r in records):
+        records.append(fed)
+
+
+def _fed_shapes(records) -> dict[str, list[dict]]:
+    """The shape sets of one folder's modules, merged per model (first seen first, each once, at most
+    ``FedShapes.LIMIT``)."""
+    merged: dict[str, list[dict]] = {}
+    for r in records:
+        for model, sets in r.by_model.items():
+            kept = merged.setdefault(model, [])
+            kept += [s for s in sets if s not in kept][: max(0, r.LIMIT - len(kept))]
+    return merged
 
 
 def _build_warm_set() -> None:
@@ -212,7 +227,7 @@ def _build_warm_set() -> None:
         from .kernels import _autowarm
     except ImportError:             # the trimmed package: no JIT to warm
         return
-    _autowarm.at_exit(_TRAINED_FROM)
+    _autowarm.at_exit(list(_TRAINED_FROM), {f: _fed_shapes(r) for f, r in _TRAINED_FROM.items()})
 
 
 class Module:
@@ -425,7 +440,7 @@ class Optimizer:
         self._module = module
         runtime = module.training_program
         self._runtime = runtime.attach_optimizer(_load(optimizer_uri))
-        _note_for_warm_set(module._train_model_uri, optimizer_uri)
+        _note_for_warm_set(module._train_model_uri, optimizer_uri, runtime.fed_shapes())
         self.initial_learning_rate = DEFAULT_LEARNING_RATE
         ckpt = module._state._checkpoint
         if ckpt.optimizer_groups:

@@ -2,7 +2,13 @@
 
 ``_jit`` is imported first so it configures Numba (cache dir, threads) before any kernel module imports it.
 """
-from . import _jit  # noqa: F401
+if __name__ != "edgetrain.kernels":
+    # Numba's disk cache is keyed by file, and its entries name the module: entries written under another name
+    # (``kernels``, from the repository's root) fail to load in every later process with "No module named ..."
+    raise ImportError(f"edgetrain's kernels were imported as '{__name__}': import them as edgetrain.kernels "
+                      "(from edgetrain.kernels import rnn), the only name their Numba cache entries load under")
+
+from . import _jit  # noqa: E402,F401
 
 
 def bindable(bind):

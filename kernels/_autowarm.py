@@ -10,7 +10,10 @@ path on (``EDGETRAIN_NO_AOT``, ``NUMBA_DISABLE_JIT``), a C compiler, Python's he
 imports this module.
 
 The build is a detached process (its own session, so it outlives the terminal or service that started the run)
-at nice 19: ``python -m edgetrain.minimal_build.autowarm FOLDER...``.
+at nice 19: ``python -m edgetrain.minimal_build.autowarm [--feeds JSON] FOLDER...``. ``--feeds`` carries the
+input shapes and dtypes the run bound per folder and model (numbers and names only, checked by the build as any
+file is): the build runs each folder with exactly those, since a batch size cannot give every symbolic dim
+(labels shaped [N*T]).
 """
 from __future__ import annotations
 
@@ -102,8 +105,10 @@ def plan(folders) -> list[str]:
     return decide(folders, True, _warm.warmed_folders(set_key), failed_before(set_key))
 
 
-def start(folders: list[str]):
-    """Spawn the detached background build of ``folders``; the Popen, or None (nothing to build it with)."""
+def start(folders: list[str], feeds: dict | None = None):
+    """Spawn the detached background build of ``folders``; the Popen, or None (nothing to build it with).
+    ``feeds``: folder -> {"train"|"eval": [{input: [shape, dtype name]}, ...]} (``TrainingProgram.fed_shapes``),
+    for the folders whose shapes are known."""
     import subprocess
 
     missing = compiler_missing()
@@ -115,19 +120,21 @@ def start(folders: list[str]):
     if config.debug():
         print(f"edgetrain: building the warm kernel set of {', '.join(folders)} in the background "
               f"(nice {NICENESS}; {status_file()})", file=sys.stderr)
-    return subprocess.Popen([sys.executable, "-m", "edgetrain.minimal_build.autowarm", *folders],
+    shapes = {f: s for f, s in (feeds or {}).items() if f in folders and any(s.values())}
+    return subprocess.Popen([sys.executable, "-m", "edgetrain.minimal_build.autowarm", "--feeds", json.dumps(shapes),
+                             "--", *folders],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, close_fds=True, env=env)
 
 
-def at_exit(folders) -> None:
-    """``api``'s exit hook: start the build ``plan`` asks for, if any."""
+def at_exit(folders, feeds: dict | None = None) -> None:
+    """``api``'s exit hook: start the build ``plan`` asks for, if any (``feeds`` as ``start`` takes them)."""
     from edgetrain.errors import EdgetrainError
 
     try:
         wanted = plan(folders)
         if wanted:
-            start(wanted)
+            start(wanted, feeds)
     except (OSError, EdgetrainError) as e:     # the run itself succeeded: its exit must not fail for this
         if config.debug():
             print(f"edgetrain: could not start the automatic warm kernel set: {e}", file=sys.stderr)

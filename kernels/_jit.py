@@ -203,8 +203,34 @@ def _plain_slice_errors(numba):
                     template._overload_func = staticmethod(plain)
 
 
+def _unloadable_cache_entries_recompile(numba):
+    """A disk cache entry that names a module this process cannot import (written by a process that imported a
+    kernel file under another name, e.g. ``kernels.rnn`` from the repository's root) is compiled again, with a
+    warning, and the new entry replaces it; Numba would raise ModuleNotFoundError at the call instead. Left as
+    Numba has it if its ``Cache.load_overload`` is not there."""
+    caching = importlib.import_module("numba.core.caching")
+    load = getattr(caching.Cache, "load_overload", None)
+    if load is None or getattr(load, "edgetrain_guarded", False):
+        return
+
+    def guarded(self, sig, target_context):
+        try:
+            return load(self, sig, target_context)
+        except ImportError as e:
+            import logging
+
+            f = getattr(self, "_py_func", None)
+            logging.getLogger("edgetrain.compile").warning(
+                "edgetrain: Numba's cache entry of %s does not load (%s); compiling it again",
+                f"{f.__module__}.{f.__qualname__}" if f is not None else "a kernel", e)
+            return None
+    guarded.edgetrain_guarded = True
+    caching.Cache.load_overload = guarded
+
+
 when_numba_loads(_typeof_warm)
 when_numba_loads(_plain_slice_errors)
+when_numba_loads(_unloadable_cache_entries_recompile)
 when_numba_loads(_spin.register)
 if _WARM is None:
     load_numba()

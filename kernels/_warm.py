@@ -117,6 +117,17 @@ def warmed_folders(set_key: str) -> dict[str, list[int]]:
         return {}
 
 
+def warmed_feeds(set_key: str) -> dict:
+    """The input shapes the current set's folders were run with, where a build knew them (``manifest["feeds"]``:
+    folder -> shape sets), unchecked JSON data; {} when there are none."""
+    try:
+        manifest = json.loads((folder(set_key) / MANIFEST).read_text())
+        feeds = manifest.get("feeds", {}) if manifest.get("key") == set_key else {}
+        return feeds if isinstance(feeds, dict) else {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
 @dataclass
 class KernelSet:
     key: str

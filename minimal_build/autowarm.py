@@ -1,7 +1,7 @@
 """The automatic warm-set build: the detached process ``kernels/_autowarm.py`` starts when a process that ran
 artifact folders under the JIT exits.
 
-    python -m edgetrain.minimal_build.autowarm FOLDER...
+    python -m edgetrain.minimal_build.autowarm [--feeds JSON] [--] FOLDER...
 
 It lowers its priority (nice 19), takes the cache's build lock without waiting (a build already running wins;
 the folders it lacks are asked for again by the next process that needs them), keeps the folders that are
@@ -9,6 +9,9 @@ complete artifact folders (``exercise.artifact_files``) and not in the set yet, 
 in the cache, then put in place whole, so a process starting meanwhile (or after this one was killed) sees the
 old set or none, never half of one. ``<cache>/aot/autowarm.json`` says how it went (folders, state, seconds,
 error), ``autowarm.log`` what it printed.
+
+``--feeds`` (folder -> the input shapes the run bound, ``exercise.check_feeds``'s form) is checked before use,
+like a file: a folder with shapes is run with exactly those, the others at batch sizes.
 
 Only folders the user's own processes trained from are built, through the same checked loaders as any training
 run: nothing in a model becomes code, and the set's manifest is checked as data when it is loaded.
@@ -47,12 +50,29 @@ def artifact_folders(folders) -> tuple[list[str], list[str]]:
     return kept, refused
 
 
+def parse_args(argv=None):
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m edgetrain.minimal_build.autowarm")
+    p.add_argument("--feeds", default="{}", help="JSON: artifact folder -> input shape sets the run bound")
+    p.add_argument("folders", nargs="*")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        args.feeds = json.loads(args.feeds)
+    except ValueError:
+        args.feeds = None
+    if not isinstance(args.feeds, dict):
+        p.error("--feeds is not a JSON mapping of artifact folders")
+    return args
+
+
 def main(argv=None) -> int:
     try:
         os.nice(NICENESS)
     except OSError:
         pass                     # already at the lowest priority allowed
-    asked = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    asked = args.folders
     set_key = _warm.key()
     aot = config.cache_folder("aot")
     with warm.build_lock(wait=False) as held:
@@ -70,7 +90,8 @@ def main(argv=None) -> int:
         else:
             lines: list[str] = []
             try:
-                warm.build(folders, log=lines.append, locked=True)
+                feeds = {f: s for f, s in args.feeds.items() if f in folders}    # checked by the build
+                warm.build(folders, log=lines.append, locked=True, feeds=feeds)
                 status.update(state="done")
             except (EdgetrainError, OSError, ValueError, KeyError) as e:   # recorded: not retried
                 status.update(state="failed", error=f"{type(e).__name__}: {str(e)[-2000:]}")

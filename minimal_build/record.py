@@ -37,24 +37,31 @@ class Recording:
     kernels: list[KernelUse]
     ops: set[tuple[str, str]]            # (domain, op_type) of every node in every model
     batch_sizes: dict[str, list[int]]    # artifact folder -> batch sizes it ran with
+    feeds: dict[str, dict] = field(default_factory=dict)   # artifact folder -> the shape sets it ran with instead
 
 
-def record(folders: list[Path], batch_sizes: list[int], threads=(None,)) -> Recording:
-    """Run every folder (at every batch size if its inputs have a symbolic dim, else once) and collect.
+def record(folders: list[Path], batch_sizes: list[int], threads=(None,), feeds=None) -> Recording:
+    """Run every folder (at every batch size if its inputs have a symbolic dim, else once; or with its shape
+    sets in ``feeds``, ``exercise.check_feeds``'s form keyed by folder) and collect.
 
     ``threads``: the ``EDGETRAIN_NUM_THREADS`` values to run each folder at (None: as this process has it).
     Above their size thresholds, ops split over threads call kernels with other signatures (per block, with
     scratch per slot) than a 1-thread run does; 1 and 2 cover both for any count."""
+    feeds = feeds or {}
     ops: set[tuple[str, str]] = set()
     ran: dict[str, list[int]] = {}
     for folder in folders:
-        sizes = list(batch_sizes) if has_symbolic_dims(folder) else []   # [] : fixed input shapes
+        shapes = feeds.get(str(folder))
+        sizes = [] if shapes is not None or not has_symbolic_dims(folder) else list(batch_sizes)  # []: one run
         for n in threads:
             with _threads(n):
+                if shapes is not None:
+                    ops |= exercise(folder, feeds=shapes)
+                    continue
                 for batch in sizes or [1]:
                     ops |= exercise(folder, batch)
         ran[str(folder)] = sizes
-    return Recording(collect_kernels(), ops, ran)
+    return Recording(collect_kernels(), ops, ran, {str(f): feeds[str(f)] for f in folders if str(f) in feeds})
 
 
 @contextlib.contextmanager

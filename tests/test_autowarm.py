@@ -155,3 +155,133 @@ def test_the_recording_runs_each_folder_unsplit_and_split(monkeypatch):
     record.record([Path("/art/a")], [1, 32], warm.THREADS)
     assert seen == [(1, "1"), (32, "1"), (1, "2"), (32, "2")]
     assert os.environ["EDGETRAIN_NUM_THREADS"] == "3"
+
+
+# A [N, T, 4] sequence model whose labels are [N*T]: training steps at one (N, T), then an eval step.
+TRAIN_SEQUENCE = r"""
+import json, sys
+import numpy as np
+from edgetrain.api import CheckpointState, Module, Optimizer
+from edgetrain.kernels import _jit
+art = sys.argv[1]
+state = CheckpointState.load_checkpoint(art + "/checkpoint")
+module = Module(art + "/training_model.onnx", state, art + "/eval_model.onnx")
+optimizer = Optimizer(art + "/optimizer_model.onnx", module)
+rng = np.random.default_rng(0)
+losses = []
+for _ in range(3):
+    x = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 10)
+    losses.append(float(module(x, y)).hex())
+    optimizer.step()
+    module.lazy_reset_grad()
+module.eval()
+losses.append(float(module(x, y)).hex())
+print(json.dumps({"losses": losses, "warm": _jit.warm_set() is not None, "numba": "numba" in sys.modules}))
+"""
+
+
+def _sequence_artifacts(folder: Path) -> Path:
+    """x [N, T, 4] -> MatMul -> Reshape [N*T, 3]: the labels' only dim is a product of two symbolic dims, which
+    no batch size gives (bench's gpt workload, small)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgetrain import artifacts
+
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([-1, 3], np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]),
+                               helper.make_node("Reshape", ["h", "shape"], ["y"])], "sequence",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])], [w, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    folder.mkdir()
+    artifacts.generate_artifacts(model, requires_grad=["w"], loss=artifacts.LossType.CrossEntropyLoss,
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=folder)
+    return folder
+
+
+@pytest.mark.native
+@pytest.mark.skipif(autowarm.compiler_missing() is not None, reason="no C compiler / Python headers here")
+def test_labels_of_a_product_dim_are_warmed_with_the_shapes_the_run_fed(tmp_path):
+    art, cache = _sequence_artifacts(tmp_path / "sequence"), tmp_path / "cache"
+    code = ["-c", TRAIN_SEQUENCE, str(art)]
+    run = lambda: json.loads(subprocess.run([sys.executable, *code], env=_env(cache), capture_output=True,  # noqa: E731
+                                            text=True, check=True).stdout.strip().splitlines()[-1])
+    jit = run()                                                   # the oracle: the JIT; starts the build on exit
+    assert jit["numba"] and not jit["warm"]
+    done = _status(cache, lambda s: s["state"] != "running")
+    assert done["state"] == "done", done
+    warm = run()
+    assert warm["warm"] and not warm["numba"]                     # training and eval steps served by the set
+    assert warm["losses"] == jit["losses"]
+
+
+def test_a_module_records_the_shapes_it_was_fed(tmp_path):
+    from edgetrain.api import CheckpointState, Module
+
+    art = _sequence_artifacts(tmp_path / "sequence")
+    module = Module(art / "training_model.onnx", CheckpointState.load_checkpoint(art / "checkpoint"),
+                    art / "eval_model.onnx")
+    for n, t in ((2, 5), (2, 5), (1, 7)):
+        module(np.zeros((n, t, 4), np.float32), np.zeros(n * t, np.int64))
+    module.eval()
+    module(np.zeros((3, 2, 4), np.float32), np.zeros(6, np.int64))
+    assert module.training_program.fed_shapes().by_model == {
+        "train": [{"x": [[2, 5, 4], "float32"], "labels": [[10], "int64"]},
+                  {"x": [[1, 7, 4], "float32"], "labels": [[7], "int64"]}],
+        "eval": [{"x": [[3, 2, 4], "float32"], "labels": [[6], "int64"]}]}
+
+
+def test_the_batch_size_path_names_the_input_it_cannot_shape(tmp_path):
+    from edgetrain.errors import EdgetrainError
+    from edgetrain.minimal_build.exercise import exercise
+
+    art = _sequence_artifacts(tmp_path / "sequence")
+    with pytest.raises(EdgetrainError, match=r"input 'labels' has dim 0 = 'N\*T', which a batch size cannot give"):
+        exercise(art, 32)
+
+
+@pytest.mark.parametrize("feeds, problem", [
+    ([], "not a mapping"),
+    ({"test": []}, "unknown model 'test'"),
+    ({"train": [{}]}, "train set 0: not a mapping of input names"),
+    ({"train": [{"x": [[2, -1], "float32"]}]}, "input 'x': not"),
+    ({"train": [{"x": [[2, 3.0], "float32"]}]}, "input 'x': not"),
+    ({"train": [{"x": [[2], "object"]}]}, "input 'x': not"),
+    ({"train": [{"x": [[1 << 20, 1 << 20], "float32"]}]}, "bytes of inputs, more than"),
+    ({"eval": [{"x": [[1], "int64"]}] * 9}, "at most 8 shape sets"),
+])
+def test_the_shapes_are_checked_as_data(feeds, problem):
+    from edgetrain.errors import EdgetrainError
+    from edgetrain.minimal_build.exercise import check_feeds
+
+    with pytest.raises(EdgetrainError, match=f"input shapes for folder a: .*{problem}"):
+        check_feeds(feeds, "folder a")
+    good = {"train": [{"x": [[2, 5, 4], "float32"], "labels": [[10], "int64"]}]}
+    assert check_feeds(good, "a") == {"train": [{"x": ((2, 5, 4), "float32"), "labels": ((10,), "int64")}]}
+
+
+def test_the_shapes_reach_the_build_process_as_json(monkeypatch):
+    import subprocess as sp
+
+    started = []
+    from edgetrain.kernels import _autowarm       # where start() looks the compiler up
+
+    monkeypatch.setattr(sp, "Popen", lambda cmd, **kw: started.append(cmd))
+    monkeypatch.setattr(_autowarm, "compiler_missing", lambda: None)
+    shapes = {"train": [{"x": [[2, 5, 4], "float32"]}], "eval": []}
+    autowarm.start(["/art/a", "/art/b"], {"/art/a": shapes, "/art/b": {"train": [], "eval": []}, "/art/c": shapes})
+    args = autowarm.parse_args(started[0][3:])
+    assert args.folders == ["/art/a", "/art/b"] and args.feeds == {"/art/a": shapes}   # b ran nothing: batch sizes
+
+
+def test_shapes_a_manifest_recorded_are_checked_before_a_rebuild_uses_them():
+    from edgetrain.minimal_build import warm
+
+    good = {"train": [{"x": [[2, 5, 4], "float32"]}]}
+    said = []
+    kept = warm.known_feeds({"/art/a": good, "/art/b": {"train": [{"x": [[2], "float32"]}]} | {"eval": 3},
+                             "/art/gone": good}, ["/art/a", "/art/b", "/art/c"], said.append)
+    assert kept == {"/art/a": {"train": [{"x": ((2, 5, 4), "float32")}]}}       # b at batch sizes, c never had shapes
+    assert len(said) == 1 and "artifact folder /art/b" in said[0] and "running it at batch sizes" in said[0]

@@ -72,6 +72,25 @@ class BoundStep:
         self.feeds_in_order = self.feed_order == list(range(len(self.feed_order)))
 
 
+class FedShapes:
+    """The input shapes and dtypes each model of a training program was bound for, as JSON-ready data:
+    ``{"train": [{input name: [shape, dtype name]}, ...], "eval": [...]}``, in binding order.
+
+    What the warm kernel set's automatic build runs a folder with (``kernels/_autowarm.py``): a batch size
+    cannot give every symbolic dim (labels shaped [N*T]). A record outlives its program (a process may drop its
+    Module before exiting) and holds at most ``LIMIT`` shape sets per model: kernels are shape-generic, so a few
+    cover the broadcast patterns, and a run over many sequence lengths does not grow it."""
+    LIMIT = 4
+
+    def __init__(self):
+        self.by_model: dict[str, list[dict]] = {"train": [], "eval": []}
+
+    def note(self, training: bool, names, arrays) -> None:
+        seen = self.by_model["train" if training else "eval"]
+        if len(seen) < self.LIMIT:
+            seen.append({n: [[int(d) for d in a.shape], a.dtype.name] for n, a in zip(names, arrays)})
+
+
 class TrainingProgram:
     """A training model (and optionally an eval model) bound to one state store.
 
@@ -123,6 +142,7 @@ class TrainingProgram:
         # training -> (BoundStep, shapes, dtypes) of the last call: a step on inputs like the last one's compares
         # them (hashing shapes and dtypes for the dict costs more than the comparison)
         self._recent: dict = {}
+        self._fed = FedShapes()
         self.arena: np.ndarray | None = None    # shared by every program here: they never run at once
 
     # -- binding ----------------------------------------------------------------------------------------------
@@ -201,6 +221,7 @@ class TrainingProgram:
             feed_order = [io.user_inputs.index(n) for n in prog.plan.fed_inputs]
             results = [k for k, name in enumerate(names) if name in io.outputs]
             bound = self._bound[key] = BoundStep(prog, step, feed_order, results)
+            self._fed.note(training, io.user_inputs, user_inputs)
         self._recent[training] = (bound, tuple(x.shape for x in user_inputs), tuple(x.dtype for x in user_inputs))
         return bound
 
@@ -234,6 +255,10 @@ class TrainingProgram:
         slot of the state (``runtime/step.py``), and runs the other one each step."""
         found = [("train", p) for step in self._steps.values() for p in step.programs]
         return found + [("eval", p) for key, p in self._programs.items() if key not in self._steps]
+
+    def fed_shapes(self) -> FedShapes:
+        """The input shapes and dtypes bound so far, per model (a live record: later bindings add to it)."""
+        return self._fed
 
     def planned_kernels(self) -> int:
         """Kernel calls in every program planned so far (one per input shape and model)."""
