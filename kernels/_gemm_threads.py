@@ -16,12 +16,17 @@ from edgetrain import config, parallel
 MIN_FLOPS = 1 << 25        # smaller GEMMs (~0.5 ms) stay one call: at 2 threads the hand-offs made the mlp's
                            # 0.1-0.2 ms GEMMs slower than one thread
 MIN_ROWS = 32              # rows of a block at least: each block packs all of B again
+MIN_BATCHED_FLOPS = 1 << 22     # stacked GEMMs from ~50 us: their blocks repack nothing (each matrix is a BLAS
+                                # call of its own anyway), so only the hand-off costs
 
 
 def split(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray, *rest):
     """``(fn, args)`` for ``fn(a, b, y, *rest)`` (y = a @ b, row by row), as row blocks run on the intra-op
-    threads (``edgetrain.parallel``) when threads are configured and the GEMM is large, else the one call."""
+    threads (``edgetrain.parallel``) when threads are configured and the GEMM is large, else the one call.
+    Stacked GEMMs (attention's heads) go in blocks of whole matrices instead (``batched``)."""
     threads = config.num_threads()
+    if threads >= 2 and a.ndim >= 2 and b.ndim >= 2 and y.ndim >= 3:
+        return batched(fn, a, b, y, *rest)
     if threads < 2 or a.ndim != 2 or b.ndim != 2 or 2 * y.size * a.shape[1] < MIN_FLOPS:
         return fn, (a, b, y, *rest)
     rows = y.shape[0]
@@ -43,4 +48,21 @@ def per_image(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray):
     n = min(images, threads * parallel.BLOCKS_PER_THREAD)
     bounds = [images * k // n for k in range(n + 1)]
     blocks = [lambda _slot, lo=lo, hi=hi: fn(a, b[lo:hi], y[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+    return parallel.run_blocks, (blocks, threads)
+
+
+def batched(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray, *rest):
+    """``(fn, args)`` for the stacked ``fn(a, b, y, *rest)`` (y[i] = a[i] @ b[i], operands broadcast as numpy's
+    matmul; both at least 2-D, y at least 3-D), as blocks of y's first axis on the intra-op threads when the
+    GEMMs are large together: an operand with that axis (of y's length) is cut with y, one broadcast along it
+    is passed whole."""
+    threads, stack = config.num_threads(), y.shape[0]
+    if threads < 2 or stack < 2 or 2 * y.size * a.shape[-1] < MIN_BATCHED_FLOPS:
+        return fn, (a, b, y, *rest)
+    cut_a = a.ndim == y.ndim and a.shape[0] == stack
+    cut_b = b.ndim == y.ndim and b.shape[0] == stack
+    n = min(stack, threads * parallel.BLOCKS_PER_THREAD)
+    bounds = [stack * k // n for k in range(n + 1)]
+    blocks = [lambda _slot, lo=lo, hi=hi: fn(a[lo:hi] if cut_a else a, b[lo:hi] if cut_b else b, y[lo:hi], *rest)
+              for lo, hi in zip(bounds, bounds[1:])]
     return parallel.run_blocks, (blocks, threads)

@@ -32,7 +32,7 @@ from edgetrain.ops.normalization import (
     stash_dtype,
 )
 
-from . import bindable
+from . import bindable, by_rows
 from ._jit import jit
 
 
@@ -301,16 +301,10 @@ def layer_norm(ctx):
         x2 = args[0].reshape(rows, n)
         stats = args[-1]
         apply = (x2, args[1].reshape(n), args[b_at].reshape(n), has_bias, stats, args[y_at].reshape(rows, n))
-        copies = [(k, args[at].reshape(rows)) for k, at in ((0, mean_at), (1, inv_at)) if at >= 0]
-
-        def run():
-            _row_stats(x2, eps, stats)
-            _layer_norm_apply(*apply)
-            for k, out in copies:
-                _copy_stats(stats, k, out)
-        run.kernel_calls = ((_row_stats, (x2, eps, stats)), (_layer_norm_apply, apply),
-                            *((_copy_stats, (stats, k, out)) for k, out in copies))
-        return run, ()
+        copies = [(_copy_stats, (stats, k, args[at].reshape(rows)), (1, 0, 1))
+                  for k, at in ((0, mean_at), (1, inv_at)) if at >= 0]
+        return by_rows([(_row_stats, (x2, eps, stats), (1, 0, 1)), (_layer_norm_apply, apply, (1, 0, 0, 0, 1, 1)),
+                        *copies], rows, n)
     return bind
 
 

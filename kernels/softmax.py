@@ -17,7 +17,7 @@ import numpy as np
 
 from edgetrain.ops.softmax import REDUCTIONS, sce_reduction, softmax_view
 
-from . import bindable, checked
+from . import bindable, by_rows, checked
 from ._jit import FASTMATH, jit, when_numba_loads
 
 # Cephes expf: exp(x) = 2**n * exp(r), r = x - n*ln2 (ln2 split in two), |r| <= ln2/2, degree-7 polynomial.
@@ -126,7 +126,7 @@ def _launcher(ctx, log: bool):
     if inner == 1:
         @bindable
         def bind_rows(x, y):
-            return _softmax_rows, (x.reshape(outer, n), y.reshape(outer, n), log)
+            return by_rows([(_softmax_rows, (x.reshape(outer, n), y.reshape(outer, n), log), (1, 1, 0))], outer, n)
         return bind_rows
 
     @bindable
@@ -384,7 +384,8 @@ def _softmax_grad_launcher(ctx, log: bool):
     @bindable
     def bind(dy, y, dx):
         shape = (outer, n, inner)
-        return _softmax_grad, (dy.reshape(shape), y.reshape(shape), dx.reshape(shape), log)
+        return by_rows([(_softmax_grad, (dy.reshape(shape), y.reshape(shape), dx.reshape(shape), log), (1, 1, 1, 0))],
+                       outer, n * inner)
     return bind
 
 
