@@ -67,23 +67,37 @@ def by_rows(calls, rows: int, row_size: int):
 
     calls = [(kernel, tuple(args), tuple(cut)) for kernel, args, cut in calls]
     min_rows = max(1, ROW_BLOCK // max(1, row_size))
-    whole = parallel.slots() < 2 or rows < 2 * min_rows
-    if whole and len(calls) == 1:
-        return calls[0][:2]
+    if parallel.slots() < 2 or rows < 2 * min_rows:
+        return in_turn([c[:2] for c in calls])
     chosen = [c[0] for c in calls]      # each kernel called direct from its second call (slices: same types)
 
     def work(_slot, lo, hi):
         for k, (kernel, args, cut) in enumerate(calls):
-            part = args if whole else tuple(a[lo:hi] if c else a for a, c in zip(args, cut))
+            part = tuple(a[lo:hi] if c else a for a, c in zip(args, cut))
             fn = chosen[k]
             fn(*part)
             if fn is kernel:
                 chosen[k] = direct(kernel, part)
 
     def run():
-        if whole:
-            work(0, 0, rows)
-        else:
-            parallel.split(rows, work, min_rows)
+        parallel.split(rows, work, min_rows)
     run.kernel_calls = tuple(c[:2] for c in calls)
+    return run, ()
+
+
+def in_turn(calls):
+    """``(fn, args)`` running each ``kernel(*args)`` of ``calls`` in order, each called ``direct`` from its second
+    run on (a launcher's several kernels: dispatching each call by its argument types costs ~1-3 us)."""
+    calls = [(kernel, tuple(args)) for kernel, args in calls]
+    if len(calls) == 1:
+        return calls[0]
+    chosen = [kernel for kernel, _ in calls]
+
+    def run():
+        for k, (kernel, args) in enumerate(calls):
+            fn = chosen[k]
+            fn(*args)
+            if fn is kernel:
+                chosen[k] = direct(kernel, args)
+    run.kernel_calls = tuple(calls)
     return run, ()

@@ -32,7 +32,7 @@ from edgetrain.ops.normalization import (
     stash_dtype,
 )
 
-from . import bindable, by_rows
+from . import bindable, by_rows, in_turn
 from ._jit import jit
 
 
@@ -385,14 +385,9 @@ def layer_norm_grad(ctx):
         call = (args[0].reshape(rows, n), args[1].reshape(rows, n), args[2].reshape(n), args[3].reshape(rows),
                 args[4].reshape(rows), args[dx_at].reshape(rows, n) if dx_at >= 0 else dummy_x, dx_at >= 0, acc,
                 want_acc)
-        copies = [(args[at].reshape(n), acc[k]) for k, at in ((0, ds_at), (1, db_at)) if at >= 0]
-
-        def run():
-            _ln_grad(*call)
-            for out, src in copies:
-                np.copyto(out, src, casting="same_kind")
-        run.kernel_calls = ((_ln_grad, call),)
-        return run, ()
+        copies = [(np.copyto, (args[at].reshape(n), acc[k], "same_kind")) for k, at in ((0, ds_at), (1, db_at))
+                  if at >= 0]
+        return in_turn([(_ln_grad, call), *copies])
     return bind
 
 
