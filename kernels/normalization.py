@@ -32,7 +32,9 @@ from edgetrain.ops.normalization import (
     stash_dtype,
 )
 
-from . import bindable, by_rows, in_turn
+from edgetrain import parallel
+
+from . import ROW_BLOCK, bindable, by_rows, direct, in_turn
 from ._jit import jit
 
 
@@ -387,8 +389,38 @@ def layer_norm_grad(ctx):
                 want_acc)
         copies = [(np.copyto, (args[at].reshape(n), acc[k], "same_kind")) for k, at in ((0, ds_at), (1, db_at))
                   if at >= 0]
-        return in_turn([(_ln_grad, call), *copies])
+        blocks = parallel.slots() * parallel.BLOCKS_PER_THREAD
+        blocks = min(blocks, rows // max(1, ROW_BLOCK // n)) if parallel.slots() > 1 else 1
+        if blocks < 2:
+            return in_turn([(_ln_grad, call), *copies])
+        return _ln_grad_in_blocks(call, blocks, rows, copies)
     return bind
+
+
+def _ln_grad_in_blocks(call, blocks: int, rows: int, copies):
+    """``(fn, args)`` for _ln_grad over blocks of rows on the intra-op threads: dX row by row as in one call; the
+    parameters' sums per block (one accumulator each, made here once), then added in block order."""
+    dy, x, scale, mean, inv, dx, want_dx, acc, want_acc = call
+    partial = np.zeros((blocks,) + acc.shape, acc.dtype)
+    bounds = [rows * k // blocks for k in range(blocks + 1)]
+    parts = [(dy[lo:hi], x[lo:hi], scale, mean[lo:hi], inv[lo:hi], dx[lo:hi] if want_dx else dx, want_dx,
+              partial[k], want_acc) for k, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
+    chosen = [_ln_grad] * blocks        # each block's call direct from its second run
+
+    def block(_slot, k):
+        fn = chosen[k]
+        fn(*parts[k])
+        if fn is _ln_grad:
+            chosen[k] = direct(_ln_grad, parts[k])
+    jobs = [lambda slot, k=k: block(slot, k) for k in range(blocks)]
+    after, after_args = in_turn(([(np.sum, (partial, 0, None, acc))] if want_acc else []) + copies)
+    threads = parallel.slots()
+
+    def run():
+        parallel.run_blocks(jobs, threads)
+        after(*after_args)
+    run.kernel_calls = ((_ln_grad, parts[0]),)
+    return run, ()
 
 
 def lp_normalization(ctx):
