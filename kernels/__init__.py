@@ -56,3 +56,54 @@ def checked(kernel, call, ctx, input_index: int, values, allowed: str):
             chosen[0] = direct(kernel, call)
     run.kernel_calls = ((kernel, call),)
     return run, ()
+
+
+ROW_BLOCK = 1 << 15       # elements a block of rows holds at least: ~30-50 us of a softmax or layer norm, well
+                          # above a hand-off between threads
+
+
+def by_rows(calls, rows: int, row_size: int):
+    """``(fn, args)`` running each ``kernel(*args)`` of ``calls`` (``(kernel, args, cut)``, in order) whose
+    arguments marked in ``cut`` hold ``rows`` rows (of ``row_size`` elements) along their first axis that it
+    computes independently of other rows (softmax rows, layer-norm rows): with intra-op threads
+    (``edgetrain.parallel``) in blocks of at least ``ROW_BLOCK`` elements, each block every call on its slices;
+    else the calls as they are. Slices of C-contiguous rows are C-contiguous: the same kernel signatures either
+    way, and each row's numbers are the whole call's."""
+    from edgetrain import parallel
+
+    calls = [(kernel, tuple(args), tuple(cut)) for kernel, args, cut in calls]
+    min_rows = max(1, ROW_BLOCK // max(1, row_size))
+    if parallel.slots() < 2 or rows < 2 * min_rows:
+        return in_turn([c[:2] for c in calls])
+    chosen = [c[0] for c in calls]      # each kernel called direct from its second call (slices: same types)
+
+    def work(_slot, lo, hi):
+        for k, (kernel, args, cut) in enumerate(calls):
+            part = tuple(a[lo:hi] if c else a for a, c in zip(args, cut))
+            fn = chosen[k]
+            fn(*part)
+            if fn is kernel:
+                chosen[k] = direct(kernel, part)
+
+    def run():
+        parallel.split(rows, work, min_rows)
+    run.kernel_calls = tuple(c[:2] for c in calls)
+    return run, ()
+
+
+def in_turn(calls):
+    """``(fn, args)`` running each ``kernel(*args)`` of ``calls`` in order, each called ``direct`` from its second
+    run on (a launcher's several kernels: dispatching each call by its argument types costs ~1-3 us)."""
+    calls = [(kernel, tuple(args)) for kernel, args in calls]
+    if len(calls) == 1:
+        return calls[0]
+    chosen = [kernel for kernel, _ in calls]
+
+    def run():
+        for k, (kernel, args) in enumerate(calls):
+            fn = chosen[k]
+            fn(*args)
+            if fn is kernel:
+                chosen[k] = direct(kernel, args)
+    run.kernel_calls = tuple(calls)
+    return run, ()

@@ -139,8 +139,8 @@ def permuted_matmul(ctx):
     def bind(a, b, y):
         args = (a.transpose(pa), b.transpose(pb), y.transpose(py))
         if alpha == 1.0:
-            return np.matmul, args
-        return _scaled_matmul, args + (y.dtype.type(alpha),)
+            return split(np.matmul, *args)
+        return split(_scaled_matmul, *args, y.dtype.type(alpha))
     return bind
 
 

@@ -32,7 +32,9 @@ from edgetrain.ops.normalization import (
     stash_dtype,
 )
 
-from . import bindable
+from edgetrain import parallel
+
+from . import ROW_BLOCK, bindable, by_rows, direct, in_turn
 from ._jit import jit
 
 
@@ -301,16 +303,10 @@ def layer_norm(ctx):
         x2 = args[0].reshape(rows, n)
         stats = args[-1]
         apply = (x2, args[1].reshape(n), args[b_at].reshape(n), has_bias, stats, args[y_at].reshape(rows, n))
-        copies = [(k, args[at].reshape(rows)) for k, at in ((0, mean_at), (1, inv_at)) if at >= 0]
-
-        def run():
-            _row_stats(x2, eps, stats)
-            _layer_norm_apply(*apply)
-            for k, out in copies:
-                _copy_stats(stats, k, out)
-        run.kernel_calls = ((_row_stats, (x2, eps, stats)), (_layer_norm_apply, apply),
-                            *((_copy_stats, (stats, k, out)) for k, out in copies))
-        return run, ()
+        copies = [(_copy_stats, (stats, k, args[at].reshape(rows)), (1, 0, 1))
+                  for k, at in ((0, mean_at), (1, inv_at)) if at >= 0]
+        return by_rows([(_row_stats, (x2, eps, stats), (1, 0, 1)), (_layer_norm_apply, apply, (1, 0, 0, 0, 1, 1)),
+                        *copies], rows, n)
     return bind
 
 
@@ -391,15 +387,40 @@ def layer_norm_grad(ctx):
         call = (args[0].reshape(rows, n), args[1].reshape(rows, n), args[2].reshape(n), args[3].reshape(rows),
                 args[4].reshape(rows), args[dx_at].reshape(rows, n) if dx_at >= 0 else dummy_x, dx_at >= 0, acc,
                 want_acc)
-        copies = [(args[at].reshape(n), acc[k]) for k, at in ((0, ds_at), (1, db_at)) if at >= 0]
-
-        def run():
-            _ln_grad(*call)
-            for out, src in copies:
-                np.copyto(out, src, casting="same_kind")
-        run.kernel_calls = ((_ln_grad, call),)
-        return run, ()
+        copies = [(np.copyto, (args[at].reshape(n), acc[k], "same_kind")) for k, at in ((0, ds_at), (1, db_at))
+                  if at >= 0]
+        blocks = parallel.slots() * parallel.BLOCKS_PER_THREAD
+        blocks = min(blocks, rows // max(1, ROW_BLOCK // n)) if parallel.slots() > 1 else 1
+        if blocks < 2:
+            return in_turn([(_ln_grad, call), *copies])
+        return _ln_grad_in_blocks(call, blocks, rows, copies)
     return bind
+
+
+def _ln_grad_in_blocks(call, blocks: int, rows: int, copies):
+    """``(fn, args)`` for _ln_grad over blocks of rows on the intra-op threads: dX row by row as in one call; the
+    parameters' sums per block (one accumulator each, made here once), then added in block order."""
+    dy, x, scale, mean, inv, dx, want_dx, acc, want_acc = call
+    partial = np.zeros((blocks,) + acc.shape, acc.dtype)
+    bounds = [rows * k // blocks for k in range(blocks + 1)]
+    parts = [(dy[lo:hi], x[lo:hi], scale, mean[lo:hi], inv[lo:hi], dx[lo:hi] if want_dx else dx, want_dx,
+              partial[k], want_acc) for k, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
+    chosen = [_ln_grad] * blocks        # each block's call direct from its second run
+
+    def block(_slot, k):
+        fn = chosen[k]
+        fn(*parts[k])
+        if fn is _ln_grad:
+            chosen[k] = direct(_ln_grad, parts[k])
+    jobs = [lambda slot, k=k: block(slot, k) for k in range(blocks)]
+    after, after_args = in_turn(([(np.sum, (partial, 0, None, acc))] if want_acc else []) + copies)
+    threads = parallel.slots()
+
+    def run():
+        parallel.run_blocks(jobs, threads)
+        after(*after_args)
+    run.kernel_calls = ((_ln_grad, parts[0]),)
+    return run, ()
 
 
 def lp_normalization(ctx):

@@ -17,7 +17,7 @@ import numpy as np
 
 from edgetrain.ops.softmax import REDUCTIONS, sce_reduction, softmax_view
 
-from . import bindable, checked
+from . import bindable, by_rows, checked
 from ._jit import FASTMATH, jit, when_numba_loads
 
 # Cephes expf: exp(x) = 2**n * exp(r), r = x - n*ln2 (ln2 split in two), |r| <= ln2/2, degree-7 polynomial.
@@ -126,7 +126,7 @@ def _launcher(ctx, log: bool):
     if inner == 1:
         @bindable
         def bind_rows(x, y):
-            return _softmax_rows, (x.reshape(outer, n), y.reshape(outer, n), log)
+            return by_rows([(_softmax_rows, (x.reshape(outer, n), y.reshape(outer, n), log), (1, 1, 0))], outer, n)
         return bind_rows
 
     @bindable
@@ -135,7 +135,7 @@ def _launcher(ctx, log: bool):
     return bind_strided
 
 
-@jit
+@jit(inline="always")     # called once a row: inlined, a row of 32 costs no call and no view of it
 def _row_max(row):
     """max(row) with 8 running maxima, which LLVM vectorizes without reordering a reduction (no nnan flag)."""
     n = row.shape[0]
@@ -383,12 +383,34 @@ def _softmax_grad_launcher(ctx, log: bool):
 
     @bindable
     def bind(dy, y, dx):
-        shape = (outer, n, inner)
-        return _softmax_grad, (dy.reshape(shape), y.reshape(shape), dx.reshape(shape), log)
+        if inner == 1:      # contiguous rows: loops of unit stride, which LLVM vectorizes
+            shape, kernel = (outer, n), _softmax_grad_rows
+        else:
+            shape, kernel = (outer, n, inner), _softmax_grad
+        return by_rows([(kernel, (dy.reshape(shape), y.reshape(shape), dx.reshape(shape), log), (1, 1, 1, 0))],
+                       outer, n * inner)
     return bind
 
 
-@jit
+@jit(fastmath=True)      # the float64 sums vectorize (reordered at float64's precision: not visible in float32)
+def _softmax_grad_rows(dy, y, dx, log):
+    """_softmax_grad of rows [outer, n] (the softmax axis last)."""
+    outer, n = y.shape
+    for o in range(outer):
+        s = np.float64(0.0)
+        if log:
+            for k in range(n):
+                s += dy[o, k]
+            for k in range(n):
+                dx[o, k] = dy[o, k] - math.exp(y[o, k]) * s
+        else:
+            for k in range(n):
+                s += dy[o, k] * y[o, k]
+            for k in range(n):
+                dx[o, k] = y[o, k] * (dy[o, k] - s)
+
+
+@jit(fastmath=True)      # the float64 sums vectorize (reordered at float64's precision: not visible in float32)
 def _softmax_grad(dy, y, dx, log):
     outer, n, inner = y.shape
     for o in range(outer):

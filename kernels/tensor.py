@@ -117,11 +117,11 @@ def gather_grad(ctx):
     n = ctx.type(1).size
     allowed = f"an index in [{-size}, {size}) (axis {axis} of shape {list(data)})"
 
-    def run(_shape, idx, dy, dx):
-        bad = _gather_grad(dy.reshape(outer, n, inner), idx.reshape(n), dx.reshape(outer, size, inner))
-        if bad >= 0:
-            raise ctx.bad_value(1, idx, bad, allowed)
-    return run
+    @bindable
+    def bind(_shape, idx, dy, dx):
+        return checked(_gather_grad, (dy.reshape(outer, n, inner), idx.reshape(n), dx.reshape(outer, size, inner)),
+                       ctx, 1, idx, allowed)
+    return bind
 
 
 @jit

@@ -140,6 +140,78 @@ def test_conv_and_its_gradient_split_over_threads_agree(monkeypatch, split_calls
     np.testing.assert_allclose(got["2"][1], got["1"][1], rtol=1e-5, atol=1e-7)
 
 
+def _attention_training(tmp_path):
+    """Artifacts of x[4, 2, 16, 8] -> q = x @ w, s = q @ x^T (stacked GEMMs over batch and heads), Softmax,
+    o = s @ x, LayerNormalization(o; scale, bias), mean over heads and features -> MSE; and a batch."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgetrain import artifacts
+    rng = np.random.default_rng(3)
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "w"], ["q"]), n("Transpose", ["x"], ["kt"], perm=[0, 1, 3, 2]),
+             n("MatMul", ["q", "kt"], ["s"]), n("Softmax", ["s"], ["p"], axis=-1), n("MatMul", ["p", "x"], ["o"]),
+             n("LayerNormalization", ["o", "scale", "bias"], ["ln"], axis=-1),
+             n("ReduceMean", ["ln", "axes"], ["out"], keepdims=0)]
+    inits = {"w": rng.standard_normal((8, 8)) * 0.5, "scale": 1 + 0.1 * rng.standard_normal(8),
+             "bias": 0.1 * rng.standard_normal(8)}
+    g = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2, 16, 8])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [4, 16])],
+                          [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()]
+                          + [numpy_helper.from_array(np.array([1, 3], np.int64), "axes")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    artifacts.generate_artifacts(m, requires_grad=list(inits), loss=artifacts.LossType.MSELoss,
+                                 optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path)
+    x = rng.standard_normal((4, 2, 16, 8)).astype(np.float32)
+    return x, rng.standard_normal((4, 16)).astype(np.float32), inits
+
+
+def test_attention_rows_and_stacked_gemms_split_over_threads_agree_with_torch(monkeypatch, split_calls, tmp_path):
+    """Softmax, SoftmaxGrad and LayerNormalization in blocks of rows and the stacked GEMMs in blocks of whole
+    matrices at 2 threads: the loss and gradients are 1 thread's to the bit and torch's (the oracle), and both
+    kinds of split ran."""
+    import numpy as np
+    import torch
+
+    from edgetrain import kernels
+    from edgetrain.api import CheckpointState, Module, Optimizer
+    from edgetrain.kernels import _gemm_threads
+    monkeypatch.setattr(kernels, "ROW_BLOCK", 1)                  # the test model is small: split anyway
+    monkeypatch.setattr(_gemm_threads, "MIN_BATCHED_FLOPS", 0)
+    stacked = []
+    real_blocks = parallel.run_blocks
+    monkeypatch.setattr(parallel, "run_blocks", lambda blocks, threads: (stacked.append(len(blocks)),
+                                                                         real_blocks(blocks, threads)))
+    x, y, inits = _attention_training(tmp_path)
+    got = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("EDGETRAIN_NUM_THREADS", threads)
+        split_calls.clear()
+        stacked.clear()
+        module = Module(tmp_path / "training_model.onnx", CheckpointState.load_checkpoint(tmp_path / "checkpoint"))
+        optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+        optimizer.set_learning_rate(1.0)         # w - gradient: the parameters after the step show the gradient
+        module.train()
+        loss = float(module(x, y))
+        before = module.get_contiguous_parameters(trainable_only=True).numpy().copy()
+        optimizer.step()
+        got[threads] = (loss, before - module.get_contiguous_parameters(trainable_only=True).numpy())
+        # Softmax, its gradient, LayerNormalization: in rows; the stacked GEMMs (forward and gradients): in blocks
+        assert (len(split_calls) >= 3 and len(stacked) >= 3) == (threads == "2"), (split_calls, stacked)
+    assert got["2"][0] == got["1"][0]
+    np.testing.assert_array_equal(got["2"][1], got["1"][1])
+
+    params = {k: torch.tensor(v.astype(np.float32), requires_grad=True) for k, v in inits.items()}
+    xt = torch.tensor(x)
+    o = torch.softmax((xt @ params["w"]) @ xt.transpose(-1, -2), dim=-1) @ xt
+    ln = torch.nn.functional.layer_norm(o, (8,), params["scale"], params["bias"], eps=1e-5)
+    want = torch.nn.functional.mse_loss(ln.mean(dim=(1, 3)), torch.tensor(y))
+    want.backward()
+    np.testing.assert_allclose(got["2"][0], float(want.detach()), rtol=1e-5)
+    grads = np.concatenate([params[k].grad.numpy().reshape(-1) for k in inits])    # the checkpoint's order
+    np.testing.assert_allclose(got["2"][1], grads, rtol=2e-4, atol=1e-6)
+
+
 # --- the busy-wait between jobs (kernels/_spin.py) -----------------------------------------------------------
 
 @pytest.fixture(params=["spin", "sleep"])

@@ -297,13 +297,16 @@ def test_permuted_matmul_refuses_a_perm_of_the_wrong_rank():
     (helper.make_node("MatMul", ["a", "b"], ["y"]), ((3, 13, 19), (19, 23))),      # flattened to one GEMM
     (helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", transA=1, transB=1,
                       alpha=0.5), ((19, 37), (23, 19))),
+    (helper.make_node("MatMul", ["a", "b"], ["y"]), ((11, 19), (19, 41))),          # wide: column blocks
+    (helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", transA=1, transB=1,
+                      alpha=0.5), ((19, 9), (40, 19))),
 ])
-def test_gemms_split_into_row_blocks_across_threads(monkeypatch, threads, node, shapes):
-    """With EDGETRAIN_NUM_THREADS > 1 a large GEMM runs as row blocks that the caller and helper threads claim
-    (kernels/_gemm_threads.py); against onnxruntime, with every GEMM counted as large."""
+def test_gemms_split_into_row_or_column_blocks_across_threads(monkeypatch, threads, node, shapes):
+    """With EDGETRAIN_NUM_THREADS > 1 a large GEMM runs as blocks along its output's longer dim that the caller
+    and helper threads claim (kernels/_gemm_threads.py); against onnxruntime, with every GEMM counted as large."""
     from oracle import run_onnxruntime
 
-    from edgetrain import config, parallel
+    from edgetrain import config
     from edgetrain.kernels import _gemm_threads
     monkeypatch.setattr(config, "num_threads", lambda: threads)
     monkeypatch.setattr(_gemm_threads, "MIN_FLOPS", 0)
@@ -312,7 +315,7 @@ def test_gemms_split_into_row_blocks_across_threads(monkeypatch, threads, node, 
     m = model(node, feeds, ["y"])
     sess = edgetrain.InferenceSession(m.SerializeToString())
     fn, args = sess.program(feeds).calls[0]
-    assert len(args[0]) == threads * parallel.BLOCKS_PER_THREAD      # the pool's run over the blocks
+    assert len(args[0]) == threads * _gemm_threads.BLOCKS_PER_THREAD      # the pool's run over the blocks
     for _ in range(3):
         want = run_onnxruntime(m, feeds)[0]
         np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-5, atol=1e-5)
