@@ -266,8 +266,12 @@ def _type(vi: _Msg, what: str) -> TensorType | SequenceType | None:
     if tt is None or len(ty.fields) > 1:
         raise NeedsOnnx(f"{what} is not a tensor")
     shape = tt.msg(TT_SHAPE)
+    return _tensor_type(tt, shape.msgs(SHAPE_DIM) if shape is not None else [], what)
+
+
+def _tensor_type(tt: _Msg, dims_msgs: list[_Msg], what: str) -> TensorType:
     dims = []
-    for d in shape.msgs(SHAPE_DIM) if shape is not None else ():
+    for d in dims_msgs:
         if d.has(DIM_VALUE):
             value = d.int(DIM_VALUE)
             if value < 0:
@@ -286,15 +290,19 @@ def _elem(code: int, what: str) -> np.dtype:
 
 
 def _hint(vi: _Msg) -> TensorType | None:
-    """A value_info entry kept as onnx_io keeps it: a tensor of a known type with no negative dim."""
+    """A value_info entry kept as onnx_io keeps it: a tensor of a known type with no negative dim (the rest as
+    ``_type`` reads it, from the messages decoded here: training models carry a hint for most values)."""
     ty = vi.msg(VI_TYPE)
     tt = ty.msg(TY_TENSOR) if ty is not None else None
     if tt is None or tt.int(TT_ELEM) not in _KNOWN_ELEM_TYPES:
         return None
     shape = tt.msg(TT_SHAPE)
-    if shape is not None and any(d.int(DIM_VALUE) < 0 for d in shape.msgs(SHAPE_DIM)):
+    dims = shape.msgs(SHAPE_DIM) if shape is not None else []
+    if any(d.int(DIM_VALUE) < 0 for d in dims):
         return None
-    return _type(vi, "value")
+    if len(ty.fields) > 1:
+        raise NeedsOnnx("value is not a tensor")
+    return _tensor_type(tt, dims, "value")
 
 
 def _attr(a: _Msg, what: str):

@@ -50,8 +50,9 @@ def open_regular(path, follow_symlinks: bool = True):
         raise
 
 
-def read_regular(path) -> bytearray:
-    """The whole regular file at ``path`` in one writable buffer (one allocation, sized by ``fstat``).
+def read_regular(path, allocate=bytearray):
+    """The whole regular file at ``path`` in one writable buffer (one allocation, sized by ``fstat``):
+    ``allocate(size)``, a writable bytes-like object of ``size`` bytes (default a zeroed ``bytearray``).
 
     Raises
     ------
@@ -61,8 +62,8 @@ def read_regular(path) -> bytearray:
     """
     with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
-        data = bytearray(size)
-        view = memoryview(data)
+        data = allocate(size)
+        view = memoryview(data).cast("B")
         got = 0
         while got < size:                       # raw reads may be partial
             n = f.readinto(view[got:])

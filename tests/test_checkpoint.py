@@ -204,6 +204,23 @@ def test_ort_checkpoint_data_are_views_not_copies(shared):
     assert peak < 64 * 1024, peak                       # 0.9 MB of float32 data, 4-aligned: all views
 
 
+def test_file_read_fills_every_byte_or_refuses(tmp_path, monkeypatch):
+    """The file is read into uninitialized memory (no zero pass): every byte comes from the file, and a file
+    shorter than fstat said (it shrank while being read) is refused, so no uninitialized byte is decoded."""
+    c = sample()
+    C.save(c, tmp_path / "ckpt")
+    data = files.read(tmp_path / "ckpt")
+    assert bytes(data) == (tmp_path / "ckpt").read_bytes()
+    assert_same(C.loads(data), expected_after_round_trip(c))
+    assert not data.readonly and all(a.flags.writeable for a in C.loads(data).trainable.values())
+    import edgetrain.reading as reading
+    real = os.fstat
+    monkeypatch.setattr(reading.os, "fstat", lambda fd: os.stat_result((*real(fd)[:6], real(fd).st_size + 8,
+                                                                      *real(fd)[7:])))
+    with pytest.raises(C.CheckpointError, match="shrank while being read"):
+        C.load(tmp_path / "ckpt")
+
+
 # ---------------------------------------------------------------------------------------------- round trips
 
 def test_round_trip_keeps_everything(tmp_path):

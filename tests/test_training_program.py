@@ -50,6 +50,35 @@ def test_accumulation_and_lazy_reset_follow_ort(shared):
                                    err_msg=p)
 
 
+def test_each_gradient_slot_is_bound_when_a_step_first_needs_it(shared):
+    """A process's first step binds one training and one optimizer program, not both slots' (start-up); the
+    other slot's, bound at the next step, computes torch's gradients too."""
+    import torch
+
+    d, tp = _digits(shared)
+    opt = tp.attach_optimizer(load_graph(d / "optimizer_model.onnx"))
+    params = {p: np.array(tp.store.param(p)) for p in tp.store.names}
+
+    def bound():
+        step = next(iter(tp._steps.values()))
+        return sum(p is not None for p in step._programs), sum(p is not None for p in opt._by_slot)
+
+    for k, seed in enumerate((1, 2, 3)):
+        tp.lazy_reset_grad()
+        tp.run(True, _batch(seed))
+        want = torch_ref.loss_and_gradients(shared / "models" / "digits.onnx", dict(zip(("input", "labels"),
+                                            _batch(seed))), params, dtype=torch.float64)[1]
+        for p in params:
+            np.testing.assert_allclose(tp.store.grad(p), want[p], rtol=1e-4, atol=1e-5 * np.abs(want[p]).max(),
+                                       err_msg=f"step {k + 1}: {p}")
+        assert bound() == ((1, 1) if k == 0 else (2, 2 if k == 2 else 1)), k
+        if k:
+            opt.learning_rate = 0.0          # the next step's gradients stay torch's at the same parameters
+            opt.run()
+    assert opt.step_count == 2 and len(opt.by_slot) == 2 and bound() == (2, 2)
+    np.testing.assert_array_equal(tp.store.params, np.concatenate([params[p].reshape(-1) for p in params]))
+
+
 def test_a_step_that_raises_midway_changes_nothing(shared):
     _, tp = _digits(shared)
     tp.run(True, _batch(1))

@@ -70,34 +70,46 @@ class TrainingStep:
     reset flag bound to a constant true: every run writes this step's own gradients). ``buffers``: gradient
     buffer input -> its parameter. ``stats``: (output name, frozen array it replaces) per running statistic.
     ``loss``: (output index, name).
+
+    The program of the slot the next step writes is bound now, the other one when a step first needs it:
+    binding costs about what planning does, and a process's first step runs only one of them.
     """
 
     def __init__(self, plan: Plan, external: dict[str, np.ndarray], buffers: dict[str, str], store: StateStore,
                  arena: np.ndarray, stats: list[tuple[str, np.ndarray]], loss: tuple[int, str]):
         check_writes(plan, set(buffers), "training step")
-        self.store, self.loss = store, loss
+        self.plan, self.store, self.loss = plan, store, loss
+        self._external, self._arena, self._stats = external, arena, stats
         written = written_externals(plan)
-        self.programs: list[Program] = []
-        self.stats: list[list[tuple[np.ndarray, np.ndarray]]] = []
-        self.unwritten: list[list[np.ndarray]] = []     # buffers no step writes: their gradient is zero
-        for slot in (0, 1):
-            views = {b: store.grad(p, slot) for b, p in buffers.items()}
-            prog = Program(plan, external | views, arena)
-            named = dict(zip(plan.spec.output_names, prog.outputs))
-            self.programs.append(prog)
-            self.stats.append([(named[out], frozen) for out, frozen in stats])
-            self.unwritten.append([v for b, v in views.items() if b not in written])
+        self._views = [{b: store.grad(p, slot) for b, p in buffers.items()} for slot in (0, 1)]
+        self._programs: list[Program | None] = [None, None]
+        self.stats: list[list[tuple[np.ndarray, np.ndarray]] | None] = [None, None]
+        # buffers no step writes: their gradient is zero
+        self.unwritten = [[v for b, v in views.items() if b not in written] for views in self._views]
+        self.program(1 - store.slot)
+
+    def program(self, slot: int) -> Program:
+        """The program that writes its gradients into gradient slot ``slot`` (bound on first use)."""
+        prog = self._programs[slot]
+        if prog is None:
+            prog = Program(self.plan, self._external | self._views[slot], self._arena)
+            named = dict(zip(self.plan.spec.output_names, prog.outputs))
+            self.stats[slot] = [(named[out], frozen) for out, frozen in self._stats]
+            self._programs[slot] = prog
+        return prog
 
     @property
-    def plan(self) -> Plan:
-        return self.programs[0].plan
+    def programs(self) -> list[Program]:
+        """Both programs, one per gradient slot (binding the one not bound yet)."""
+        return [self.program(0), self.program(1)]
 
     def run(self, inputs: list[np.ndarray], accumulate: bool) -> list[np.ndarray]:
         """Run into the spare gradients, check the loss, commit; ``accumulate``: add the committed sums."""
         spare = 1 - self.store.slot
+        prog = self._programs[spare] or self.program(spare)
         for view in self.unwritten[spare]:
             view.fill(0)
-        outs = self.programs[spare].run(inputs)
+        outs = prog.run(inputs)
         loss = outs[self.loss[0]]
         if loss.size != 1 or not math.isfinite(loss.item()):     # the scalar case is the usual one: no ufunc
             check_loss(outs, *self.loss)

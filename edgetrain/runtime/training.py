@@ -136,7 +136,7 @@ class TrainingProgram:
         self.stats = [(out, p) for out, p in running_stats(train) if p in self.store.frozen]
         self.reset_pending = True       # the first training step overwrites whatever the buffers held
         self.optimizer: OptimizerStep | None = None
-        self._programs: dict = {}       # (training, input shapes) -> Program (training: the step's first)
+        self._programs: dict = {}       # (training, input shapes) -> Program (training: the step's first bound)
         self._steps: dict = {}          # the same keys, training -> TrainingStep
         self._bound: dict = {}          # (training, (shape, dtype) per input) -> BoundStep
         # training -> (BoundStep, shapes, dtypes) of the last call: a step on inputs like the last one's compares
@@ -188,7 +188,7 @@ class TrainingProgram:
                 self.arena = aligned_empty(plan.arena_bytes)
             if training:
                 step = self._steps[key] = self._training_step(plan, external)
-                prog = step.programs[0]
+                prog = step.program(1 - self.store.slot)     # the one bound already
             else:
                 check_writes(plan, set(), "eval step")
                 prog = Program(plan, external, self.arena)
@@ -300,14 +300,29 @@ class OptimizerStep:
                  for n, a in arrays.items() if n in names}
         external = {n: arrays[n] for n in names}
         plan = make_plan(graph, types, [v.name for v in graph.outputs], external=external, max_memory=max_memory)
-        first = Program(plan, external)
-        second = external | ({"gradients": store.grad_slots[1]} if "gradients" in external else {})
-        self.by_slot = (first, Program(plan, second, first.arena))
+        self._plan, self._arena = plan, aligned_empty(plan.arena_bytes)
+        self._external = [external | ({"gradients": store.grad_slots[k]} if "gradients" in external else {})
+                          for k in (0, 1)]
+        self._by_slot: list[Program | None] = [None, None]
+        # bound now: the program reading the gradients the next training step commits (that step flips the
+        # slot); the other one when a step first reads that slot (a process's first step needs only one)
+        self._bound(1 - store.slot)
+
+    def _bound(self, slot: int) -> Program:
+        prog = self._by_slot[slot]
+        if prog is None:
+            prog = self._by_slot[slot] = Program(self._plan, self._external[slot], self._arena)
+        return prog
+
+    @property
+    def by_slot(self) -> tuple[Program, Program]:
+        """Both programs, one per gradient slot of the store (binding the one not bound yet)."""
+        return self._bound(0), self._bound(1)
 
     @property
     def program(self) -> Program:
         """The program the next step runs: the one reading the committed gradients."""
-        return self.by_slot[self.store.slot]
+        return self._by_slot[self.store.slot] or self._bound(self.store.slot)
 
     @property
     def learning_rate(self) -> float:
