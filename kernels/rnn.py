@@ -214,6 +214,18 @@ def _gru_gates_std(xw, rec, wb, rb, h, zrh, rh, t, lens):
             rhb[j] = zb[hidden + j] * hb[j]
 
 
+@jit(inline="always")
+def _gru_new_state(zb, hb, yb, n64, hidden):
+    """One batch row's new state h = (1 - z) n + z h (into h and y) and the candidate n kept for the gradient
+    (zb's third block): the common tail of ``_gru_finish_std`` and ``_gru_step_std``."""
+    k = 2 * hidden
+    for j in range(hidden):
+        hb[j] = (1.0 - zb[j]) * n64[j] + zb[j] * hb[j]
+        yb[j] = hb[j]
+    for j in range(hidden):
+        zb[k + j] = n64[j]
+
+
 @jit
 def _gru_finish_std(xw, rec, wb, rb, h, y, zrh, t, lens, n64):
     """``_gru_finish`` with Tanh, without linear_before_reset (with it: ``_gru_step_std``); the candidate
@@ -224,15 +236,11 @@ def _gru_finish_std(xw, rec, wb, rb, h, y, zrh, t, lens, n64):
             y[b] = 0
             zrh[b] = 0
             continue
-        zb, xb, ab, hb, yb = zrh[b], xw[b], rec[b], h[b], y[b]
+        zb, xb, ab, hb = zrh[b], xw[b], rec[b], h[b]
         k = 2 * hidden
         for j in range(hidden):
             n64[j] = gate_tanh(xb[k + j] + wb[k + j] + ab[k + j] + rb[k + j])
-        for j in range(hidden):
-            hb[j] = (1.0 - zb[j]) * n64[j] + zb[j] * hb[j]
-            yb[j] = hb[j]
-        for j in range(hidden):
-            zb[k + j] = n64[j]
+        _gru_new_state(zb, hb, y[b], n64, hidden)
 
 
 @jit
@@ -246,16 +254,12 @@ def _gru_step_std(xw, rec, wb, rb, h, y, zrh, t, lens, n64):
             y[b] = 0
             zrh[b] = 0
             continue
-        zb, xb, ab, hb, yb = zrh[b], xw[b], rec[b], h[b], y[b]
+        zb, xb, ab, hb = zrh[b], xw[b], rec[b], h[b]
         for j in range(k):
             zb[j] = gate_sigmoid(xb[j] + ab[j] + wb[j] + rb[j])
         for j in range(hidden):
             n64[j] = gate_tanh(xb[k + j] + wb[k + j] + zb[hidden + j] * (ab[k + j] + rb[k + j]))
-        for j in range(hidden):
-            hb[j] = (1.0 - zb[j]) * n64[j] + zb[j] * hb[j]
-            yb[j] = hb[j]
-        for j in range(hidden):
-            zb[k + j] = n64[j]
+        _gru_new_state(zb, hb, y[b], n64, hidden)
 
 
 # --- forward steps ----------------------------------------------------------------------------------------
