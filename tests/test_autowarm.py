@@ -18,25 +18,28 @@ import pytest
 
 from edgetrain.minimal_build import autowarm
 
-# Three AdamW steps at the artifacts' fixed batch; the losses, whether the warm set was used, what was imported.
+# Three AdamW steps on x of the shape argv[2] gives and labels over its leading dims (argv[3] classes), then an
+# eval step; prints the losses, whether the warm set was used and whether Numba was imported.
 TRAIN = r"""
 import json, sys
 import numpy as np
 from edgetrain.api import CheckpointState, Module, Optimizer
 from edgetrain.kernels import _jit
-art = sys.argv[1]
+art, x_shape, classes = sys.argv[1], [int(d) for d in sys.argv[2].split(",")], int(sys.argv[3])
 state = CheckpointState.load_checkpoint(art + "/checkpoint")
 module = Module(art + "/training_model.onnx", state, art + "/eval_model.onnx")
 optimizer = Optimizer(art + "/optimizer_model.onnx", module)
 rng = np.random.default_rng(0)
 losses = []
 for _ in range(3):
-    x = rng.standard_normal((2, 4)).astype(np.float32)
-    losses.append(float(module(x, np.array([0, 2]))).hex())
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    y = rng.integers(0, classes, int(np.prod(x_shape[:-1])))
+    losses.append(float(module(x, y)).hex())
     optimizer.step()
     module.lazy_reset_grad()
-print(json.dumps({"losses": losses, "warm": _jit.warm_set() is not None,
-                  "numba": "numba" in sys.modules}))
+module.eval()
+losses.append(float(module(x, y)).hex())
+print(json.dumps({"losses": losses, "warm": _jit.warm_set() is not None, "numba": "numba" in sys.modules}))
 """
 
 
@@ -68,8 +71,8 @@ def _env(cache: Path, **extra) -> dict:
 
 
 def _train(art: Path, cache: Path, **extra) -> dict:
-    out = subprocess.run([sys.executable, "-c", TRAIN, str(art)], env=_env(cache, **extra), capture_output=True,
-                         text=True, check=False)
+    out = subprocess.run([sys.executable, "-c", TRAIN, str(art), "2,4", "3"], env=_env(cache, **extra),
+                         capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -157,30 +160,6 @@ def test_the_recording_runs_each_folder_unsplit_and_split(monkeypatch):
     assert os.environ["EDGETRAIN_NUM_THREADS"] == "3"
 
 
-# A [N, T, 4] sequence model whose labels are [N*T]: training steps at one (N, T), then an eval step.
-TRAIN_SEQUENCE = r"""
-import json, sys
-import numpy as np
-from edgetrain.api import CheckpointState, Module, Optimizer
-from edgetrain.kernels import _jit
-art = sys.argv[1]
-state = CheckpointState.load_checkpoint(art + "/checkpoint")
-module = Module(art + "/training_model.onnx", state, art + "/eval_model.onnx")
-optimizer = Optimizer(art + "/optimizer_model.onnx", module)
-rng = np.random.default_rng(0)
-losses = []
-for _ in range(3):
-    x = rng.standard_normal((2, 5, 4)).astype(np.float32)
-    y = rng.integers(0, 3, 10)
-    losses.append(float(module(x, y)).hex())
-    optimizer.step()
-    module.lazy_reset_grad()
-module.eval()
-losses.append(float(module(x, y)).hex())
-print(json.dumps({"losses": losses, "warm": _jit.warm_set() is not None, "numba": "numba" in sys.modules}))
-"""
-
-
 def _sequence_artifacts(folder: Path) -> Path:
     """x [N, T, 4] -> MatMul -> Reshape [N*T, 3]: the labels' only dim is a product of two symbolic dims, which
     no batch size gives (bench's gpt workload, small)."""
@@ -205,7 +184,7 @@ def _sequence_artifacts(folder: Path) -> Path:
 @pytest.mark.skipif(autowarm.compiler_missing() is not None, reason="no C compiler / Python headers here")
 def test_labels_of_a_product_dim_are_warmed_with_the_shapes_the_run_fed(tmp_path):
     art, cache = _sequence_artifacts(tmp_path / "sequence"), tmp_path / "cache"
-    code = ["-c", TRAIN_SEQUENCE, str(art)]
+    code = ["-c", TRAIN, str(art), "2,5,4", "3"]      # labels [N*T] = [10]
     run = lambda: json.loads(subprocess.run([sys.executable, *code], env=_env(cache), capture_output=True,  # noqa: E731
                                             text=True, check=True).stdout.strip().splitlines()[-1])
     jit = run()                                                   # the oracle: the JIT; starts the build on exit
