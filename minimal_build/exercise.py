@@ -56,6 +56,7 @@ def has_symbolic_dims(folder) -> bool:
 def check_feeds(feeds, where: str) -> dict[str, list[dict[str, tuple[tuple[int, ...], str]]]]:
     """``feeds`` (JSON data: ``{"train"|"eval": [{input name: [shape, dtype name]}, ...]}``) checked, with shapes
     as tuples; an error names ``where`` and the entry."""
+    from edgetrain import budget
     from edgetrain.errors import EdgetrainError
 
     def refuse(what):
@@ -84,6 +85,7 @@ def check_feeds(feeds, where: str) -> dict[str, list[dict[str, tuple[tuple[int, 
                 one[name] = (shape, entry[1])
             if nbytes > MAX_FEED_BYTES:
                 refuse(f"{model} set {k}: {nbytes} bytes of inputs, more than {MAX_FEED_BYTES}")
+            budget.check(nbytes, budget.resolve(None), f"input shapes for {where}: {model} set {k}'s inputs")
             checked[model].append(one)
     return checked
 

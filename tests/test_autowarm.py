@@ -241,6 +241,18 @@ def test_the_shapes_are_checked_as_data(feeds, problem):
     assert check_feeds(good, "a") == {"train": [{"x": ((2, 5, 4), "float32"), "labels": ((10,), "int64")}]}
 
 
+def test_the_shapes_are_checked_against_the_memory_budget(monkeypatch):
+    from edgetrain.errors import MemoryBudgetError
+    from edgetrain.minimal_build.exercise import check_feeds
+
+    feeds = {"train": [{"x": [[64, 1024], "float32"]}]}          # 256 KiB of inputs
+    monkeypatch.setenv("EDGETRAIN_MAX_MEMORY", "100kB")
+    with pytest.raises(MemoryBudgetError, match="input shapes for folder a: train set 0's inputs needs 262144 bytes"):
+        check_feeds(feeds, "folder a")
+    monkeypatch.setenv("EDGETRAIN_MAX_MEMORY", "1MB")
+    assert check_feeds(feeds, "folder a") == {"train": [{"x": ((64, 1024), "float32")}]}
+
+
 def test_the_shapes_reach_the_build_process_as_json(monkeypatch):
     import subprocess as sp
 
