@@ -55,3 +55,20 @@ def test_cli_plan(shared, capsys):
     assert main(["plan", str(shared / "models" / "digits.onnx"), "--dim", "N=4"]) == 0
     assert "FusedMatMul" in capsys.readouterr().out
     assert main(["plan", str(shared / "models" / "missing.onnx")]) == 2
+
+
+
+def test_each_program_sets_blas_to_one_thread_again(shared):
+    """Another library may change BLAS's threads between two programs' creation (OpenBLAS's multithreaded GEMMs
+    round the mlp's eval loss 2 ulps apart from one thread): every new program sets one thread again. The oracle
+    is threadpoolctl (scikit-learn's), which both changes the count and reads it back."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    sess = edgetrain.InferenceSession(str(shared / "models" / "digits.onnx"))
+    sess.run(None, {"input": np.ones((4, 64), np.float32)})              # a first program: one thread
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        sess.run(None, {"input": np.ones((5, 64), np.float32)})          # another shape: a new program
+        counts = [i["num_threads"] for i in threadpoolctl.threadpool_info()    # numpy's: what the GEMMs call
+                  if i["user_api"] == "blas" and "numpy" in i["filepath"]]
+    if not counts:
+        pytest.skip("numpy's BLAS is not one threadpoolctl finds by its path here")
+    assert counts == [1], counts
