@@ -1,4 +1,7 @@
 """The runtime: steady-state runs allocate nothing, outputs are fresh copies, the CLI demo runs."""
+import os
+import subprocess
+import sys
 import tracemalloc
 
 import numpy as np
@@ -72,3 +75,21 @@ def test_each_program_sets_blas_to_one_thread_again(shared):
     if not counts:
         pytest.skip("numpy's BLAS is not one threadpoolctl finds by its path here")
     assert counts == [1], counts
+
+
+@pytest.mark.native
+def test_numpys_blas_gets_one_thread_when_another_blas_is_loaded():
+    """With scipy's OpenBLAS loaded beside numpy's (scikit-learn, scipy imported first), the thread setter reached
+    numpy's only in the processes whose string hashing ordered it first (a set of library paths): run under three
+    hash seeds, each process reads numpy's BLAS back with threadpoolctl."""
+    pytest.importorskip("scipy.linalg")
+    pytest.importorskip("threadpoolctl")
+    code = ("import numpy, scipy.linalg, threadpoolctl\n"
+            "from edgetrain.runtime.threads import limit_blas_threads\n"
+            "limit_blas_threads(1)\n"
+            "print([i['num_threads'] for i in threadpoolctl.threadpool_info()\n"
+            "       if i['user_api'] == 'blas' and 'numpy' in i['filepath']])\n")
+    for seed in ("1", "2", "3"):
+        env = dict(os.environ, PYTHONHASHSEED=seed, OPENBLAS_NUM_THREADS="2")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() in ("[1]", "[]"), (seed, out.stdout, out.stderr[-2000:])
