@@ -2,7 +2,8 @@
 
 The build runs it under the JIT to record what to compile (``record.py``), and again in the trimmed package, in
 a process that cannot import numba or onnx, to check the result (``runtime.check_training``). So this module
-imports only numpy and ``edgetrain.api`` (absolute imports: its source also runs outside this package).
+imports only numpy and edgetrain's public API (``api``, ``compact``, ``errors``, ``budget``; absolute imports:
+its source also runs outside this package).
 
 Inputs are synthetic: random floats, zeros for integer inputs (in range as labels and token ids). Their shapes
 are either the ones a run fed (``feeds``: what the automatic build got from the process that trained, checked
@@ -47,9 +48,9 @@ def artifact_files(folder) -> dict[str, Path]:
 
 
 def has_symbolic_dims(folder) -> bool:
-    from edgetrain.api import _load
+    from edgetrain.compact import load_graph
 
-    graph = _load(artifact_files(folder)["training_model"])
+    graph = load_graph(artifact_files(folder)["training_model"])
     return any(isinstance(d, str) for v in graph.inputs for d in (v.type.shape if v.type else ()))
 
 
@@ -120,7 +121,8 @@ def exercise(folder, batch: int = 1, feeds=None) -> set[tuple[str, str]]:
     """Run the folder's models once: at ``batch`` (symbolic dims), or with each shape set of ``feeds``
     (``check_feeds``'s result: the eval model runs only with the shapes it was fed, if any); returns the
     (domain, op_type) of their nodes."""
-    from edgetrain.api import CheckpointState, Module, Optimizer, _load
+    from edgetrain.api import CheckpointState, Module, Optimizer
+    from edgetrain.compact import load_graph
     from edgetrain.errors import EdgetrainError
 
     files = artifact_files(folder)
@@ -154,4 +156,4 @@ def exercise(folder, batch: int = 1, feeds=None) -> set[tuple[str, str]]:
                 module(*feed)
     except EdgetrainError as e:
         raise type(e)(f"artifacts {folder} {at}: {e}") from None
-    return {(n.domain, n.op_type) for stem in MODEL_STEMS if stem in files for n in _load(files[stem]).nodes}
+    return {(n.domain, n.op_type) for stem in MODEL_STEMS if stem in files for n in load_graph(files[stem]).nodes}

@@ -92,9 +92,10 @@ def _defined_privates(tree) -> set[str]:
 
 
 def test_no_module_reaches_into_another_modules_privates():
-    """``obj._name`` is read only in the file that defines ``_name`` (a module's privates are its own: the
-    profiler, CLI, minimal build and benchmarks use public methods)."""
+    """``obj._name`` is read only in the file that defines ``_name``, and no ``from m import _name`` (a module's
+    privates are its own: the profiler, CLI, minimal build and benchmarks use public methods)."""
     files = [path for _, path, _ in _units()] + sorted((REPO / "bench").glob("*.py"))
+    private_modules = {path.stem for path in files if path.stem.startswith("_")}   # a package's own, e.g. kernels._jit
     found = []
     for path in files:
         tree = ast.parse(path.read_text(), str(path))
@@ -104,4 +105,7 @@ def test_no_module_reaches_into_another_modules_privates():
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls", "os", "sys"))
                     and node.attr not in own):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}: .{node.attr}")
+        found += [f"{path.relative_to(REPO)}:{node.lineno}: import {a.name}" for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) for a in node.names
+                  if a.name.startswith("_") and not a.name.startswith("__") and a.name not in private_modules]
     assert not found, "\n".join(found)
