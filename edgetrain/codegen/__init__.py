@@ -109,8 +109,8 @@ def generate(step: Step, spec: Specialized, aliases: dict[str, str] | None = Non
         array = f"a{k}"
         if inputs[k] in aliases:
             if tuple(v) != tuple(shape):
-                raise EdgetrainError(f"fused step {step.label}: input '{inputs[k]}' shares memory with an output but "
-                                 f"is broadcast ({v} against {shape})")
+                raise EdgetrainError(f"fused step {step.label}: input '{inputs[k]}' shares memory with an "
+                                     f"output but is broadcast ({v} against {shape})")
             array = f"o{step.outputs.index(aliases[inputs[k]])}"
         body[depth].append(f"x{k} = {array}[{index}]")
     temps = []
