@@ -52,8 +52,8 @@ def _chain_model(shape):
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
     n = helper.make_node
-    # the fused loop reads t, which dies there: the planner writes its output over t (the in-place form, with
-    # scratch rows); b broadcasts along every dim but the channels
+    # the fused loop reads t, which dies there: the planner writes its output over t (the in-place form, t read
+    # through the output's array); b broadcasts along every dim but the channels
     nodes = [n("Transpose", ["x"], ["t"], perm=[0, 1, 3, 2]), n("Mul", ["t", "t"], ["x2"]),
              n("Add", ["x2", "b"], ["a"]), n("Relu", ["a"], ["r"]), n("Sigmoid", ["r"], ["s"]),
              n("Mul", ["s", "x2"], ["z"]), n("Transpose", ["z"], ["y"], perm=[0, 1, 3, 2])]

@@ -87,6 +87,27 @@ def test_a_warm_process_trains_as_the_jit_without_numba(warmed):
     assert warm["losses"] == jit["losses"]
 
 
+def test_the_set_is_compiled_for_this_cpu(warmed):
+    """The exports target this CPU as the JIT does (name and features): pycc's default is a generic CPU (on x86
+    SSE2 only), whose loops run slower than the JIT's (no AVX2/FMA). Checked in the module's machine code:
+    vector loops on 256-bit registers where this CPU has AVX2."""
+    import llvmlite.binding as ll
+    from numba.core.codegen import get_host_cpu_features
+
+    _, cache, _ = warmed
+    folder = next(p for p in (cache / "aot").iterdir() if (p / "manifest.json").is_file())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["target_cpu"] == ll.get_host_cpu_name()
+    assert manifest["cpu_features"] == get_host_cpu_features()
+    objdump = shutil.which("objdump")
+    if objdump is None or "+avx2" not in manifest["cpu_features"].split(","):
+        pytest.skip("needs objdump and an x86 CPU with AVX2 to read the exports' machine code")
+    module = next(folder.glob("_aot_kernels*"))
+    code = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(module)], capture_output=True, text=True,
+                          check=True).stdout
+    assert "%ymm" in code
+
+
 def test_a_set_under_another_key_is_not_used(warmed):
     """Any change the key covers (here one more NUMBA_ switch; kernel sources, versions and the CPU alike)
     makes the process look in another folder: it finds nothing there and compiles with Numba."""

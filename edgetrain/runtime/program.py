@@ -75,19 +75,15 @@ class Program:
             if step.kind == "alias" and step.outputs[0] not in self.values:
                 self.values[step.outputs[0]] = self.values[step.inputs[0]].reshape(spec.types[step.outputs[0]].shape)
         self.calls: list[tuple] = []
-        self._scratch_rows: dict[np.dtype, np.ndarray] = {}
         for s, step in enumerate(plan.steps):
             if step.kind == "alias":
                 continue
             if step.kind == "fused":
-                buffers = mem.value_buffer
-                shared = {buffers.get(o) for o in step.outputs} & {buffers.get(i) for i in step.inputs}
-                k = codegen.generate(step, spec, in_place=bool(shared - {None}))
+                k = codegen.generate(step, spec, self._aliases(step))
                 fn = codegen.load(k.source)
                 args = [self.values[i].reshape(v) for i, v in zip(k.inputs, k.input_shapes)]
                 args += [self.values[o].reshape(k.output_shape) for o in step.outputs]
-                args += [self._scratch(spec.types[o].dtype, r) for r, o in enumerate(step.outputs[:k.scratch_rows])]
-                fn, args = self._split_fused(fn, args, k, [spec.types[o].dtype for o in step.outputs])
+                fn, args = self._split_fused(fn, args, k)
             else:
                 b = step.nodes[0]
                 fn = launcher(step.kernel or b.op.kernel)(b.ctx)     # step.kernel: the op with an epilogue
@@ -108,31 +104,30 @@ class Program:
                           if name in spec.declared]
         self._direct = False
 
-    def _split_fused(self, fn, args: list, k, out_dtypes: list):
+    def _aliases(self, step) -> dict[str, str]:
+        """Inputs of a fused step stored where one of its outputs is (the planner's in-place reuse, or an
+        external array updated in place): input -> output, each element at the same address in both."""
+        size = int(np.prod(step.shape))
+        at = {(a.ctypes.data, a.dtype): o for o in step.outputs if o for a in (self.values[o],)}
+        found = {}
+        for i in step.inputs:
+            a = self.values.get(i) if i else None
+            if a is not None and a.size == size and a.flags.c_contiguous and (a.ctypes.data, a.dtype) in at:
+                found[i] = at[(a.ctypes.data, a.dtype)]
+        return found
+
+    def _split_fused(self, fn, args: list, k):
         """With intra-op threads, a large fused loop runs as one call per slice of its outermost dim (inputs
-        broadcast along it are passed whole; in-place loops get scratch rows of their own per slice)."""
+        broadcast along it are passed whole)."""
         n0, size = k.output_shape[0], int(np.prod(k.output_shape))
         if parallel.slots() < 2 or n0 < 2 or size < SPLIT_ELEMENTS:
             return fn, args
-        n_in, n_out = len(k.input_shapes), len(out_dtypes)
-        per_slot = []
-        for slot in range(parallel.slots()):
-            scratch = [np.empty(codegen.SCRATCH, out_dtypes[r]) for r in range(k.scratch_rows)] if slot else \
-                list(args[n_in + n_out:])
-            per_slot.append(scratch)
-        sliced = [a.shape[0] == n0 for a in args[:n_in + n_out]]
+        sliced = [a.shape[0] == n0 for a in args]
 
-        def work(slot, lo, hi):
-            fn(*[a[lo:hi] if cut else a for a, cut in zip(args, sliced)], *per_slot[slot])
+        def work(_slot, lo, hi):
+            fn(*[a[lo:hi] if cut else a for a, cut in zip(args, sliced)])
         rows = max(1, SPLIT_ELEMENTS // max(1, size // n0) // 2)
-        return parallel.split, (n0, work, rows, len(per_slot))
-
-    def _scratch(self, dtype, row: int) -> np.ndarray:
-        """Row ``row`` of this program's scratch rows for ``dtype`` (fixed size, shared by its in-place kernels)."""
-        rows = self._scratch_rows.get(np.dtype(dtype))
-        if rows is None or rows.shape[0] <= row:
-            rows = self._scratch_rows[np.dtype(dtype)] = np.empty((row + 1, codegen.SCRATCH), dtype)
-        return rows[row]
+        return parallel.split, (n0, work, rows)
 
     def _view(self, offset: int, t) -> np.ndarray:
         return self.arena[offset:offset + t.nbytes].view(t.dtype).reshape(t.shape)
