@@ -128,21 +128,29 @@ def _sequential_offsets(buffers: list[Buffer]) -> int:
 
 def _assign_offsets(buffers: list[Buffer]) -> int:
     """Greedy by size: place big buffers first, each in the smallest gap left by those alive with it."""
-    placed: list[Buffer] = []
+    # (start, end, offset, aligned size) of each placed buffer: this loop is quadratic and runs in every
+    # process's first step (resnet18: ~500 buffers), so it compares tuples, not Buffer attributes
+    placed: list[tuple[int, int, int, int]] = []
     top = 0
     for b in sorted(buffers, key=lambda b: (-b.nbytes, b.start)):
         size = aligned(b.nbytes)
-        busy = sorted((p for p in placed if p.overlaps_in_time(b)), key=lambda p: p.offset)
+        start, end = b.start, b.end
+        busy = sorted([p for p in placed if p[0] <= end and start <= p[1]], key=_offset_of)
         best, best_gap, cursor = None, None, 0
-        for p in busy:
-            gap = p.offset - cursor
+        for _, _, offset, psize in busy:
+            gap = offset - cursor
             if gap >= size and (best_gap is None or gap < best_gap):
                 best, best_gap = cursor, gap
-            cursor = max(cursor, p.offset + aligned(p.nbytes))
+            if offset + psize > cursor:
+                cursor = offset + psize
         b.offset = best if best is not None else cursor
-        placed.append(b)
+        placed.append((start, end, b.offset, size))
         top = max(top, b.offset + size)
     return top
+
+
+def _offset_of(placed: tuple[int, int, int, int]) -> int:
+    return placed[2]
 
 
 def live_at_peak(memory: MemoryPlan, n_steps: int) -> tuple[int, int, list[Buffer]]:
