@@ -6,9 +6,8 @@ the step's full shape and dtype: each element is read before it is written, at t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..ir import TensorType
+from ..record import Record
 from .fusion import Step
 from .specialize import Specialized
 
@@ -19,26 +18,33 @@ def aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-@dataclass
-class Buffer:
+class Buffer(Record):
     name: str            # the value (or workspace) that created it
     nbytes: int
     start: int           # first step that writes it (-1: before the first step)
     end: int             # last step that reads it (len(steps): after the last step)
-    held: bool = False
-    offset: int = -1
+    held: bool
+    offset: int
+    _fields = ("name", "nbytes", "start", "end", "held", "offset")
+
+    def __init__(self, name: str, nbytes: int, start: int, end: int, held: bool = False, offset: int = -1):
+        self.name, self.nbytes, self.start, self.end, self.held, self.offset = name, nbytes, start, end, held, offset
 
     def overlaps_in_time(self, other: "Buffer") -> bool:
         return self.start <= other.end and other.start <= self.end
 
 
-@dataclass
-class MemoryPlan:
+class MemoryPlan(Record):
     buffers: list[Buffer]
     value_buffer: dict[str, int]          # arena value -> buffer index (views share their root's buffer)
     workspaces: dict[int, list[int]]      # step index -> buffer indices of its scratch tensors
     arena_bytes: int
     naive_bytes: int
+    _fields = ("buffers", "value_buffer", "workspaces", "arena_bytes", "naive_bytes")
+
+    def __init__(self, buffers, value_buffer, workspaces, arena_bytes, naive_bytes):
+        self.buffers, self.value_buffer, self.workspaces = buffers, value_buffer, workspaces
+        self.arena_bytes, self.naive_bytes = arena_bytes, naive_bytes
 
 
 def plan_memory(spec: Specialized, steps: list[Step], workspace_types: dict[int, list[TensorType]],
