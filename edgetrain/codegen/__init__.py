@@ -11,6 +11,7 @@ import hashlib
 import math
 import sys
 import types
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,20 +19,15 @@ from .. import __version__, atomic, config
 from ..errors import AttributeValueError
 from ..plan.fusion import Step
 from ..plan.specialize import Specialized
-from ..record import Record
 
 
-class FusedKernel(Record):
+@dataclass
+class FusedKernel:
     source: str
     inputs: list[str]                      # the step's inputs in the kernel's argument order
     input_shapes: list[tuple[int, ...]]    # collapsed shape each input is viewed with
     output_shape: tuple[int, ...]          # collapsed iteration shape
-    scratch_rows: int                      # trailing arguments: float rows of SCRATCH elements (in-place kernels)
-    _fields = ("source", "inputs", "input_shapes", "output_shape", "scratch_rows")
-
-    def __init__(self, source, inputs, input_shapes, output_shape, scratch_rows=0):
-        self.source, self.inputs, self.input_shapes = source, inputs, input_shapes
-        self.output_shape, self.scratch_rows = output_shape, scratch_rows
+    scratch_rows: int = 0                  # trailing arguments: float rows of SCRATCH elements (in-place kernels)
 
 
 # Binary ops whose operands may swap without changing a bit of the result (IEEE + and * of two operands): the
