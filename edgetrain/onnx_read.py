@@ -83,7 +83,11 @@ class _Msg:
                 raise NeedsOnnx(f"wire type {wire} (groups are not in onnx.proto)")
             if field == 0:
                 raise NeedsOnnx("field number 0")
-            fields.setdefault(field, []).append((wire, value))
+            got = fields.get(field)
+            if got is None:
+                fields[field] = [(wire, value)]
+            else:
+                got.append((wire, value))
         self.fields = fields
 
     def _last(self, field: int, wire: int):
@@ -108,8 +112,11 @@ class _Msg:
         return b"" if v is None else bytes(self.buf[v[0]:v[1]])
 
     def str(self, field: int) -> str:
+        v = self._last(field, _LEN)
+        if v is None:
+            return ""
         try:
-            return self.bytes(field).decode("utf-8")
+            return str(self.buf[v[0]:v[1]], "utf-8")      # decoded from the view: no bytes copy first
         except UnicodeDecodeError:
             raise NeedsOnnx(f"field {field} is not UTF-8") from None
 
@@ -119,19 +126,27 @@ class _Msg:
             if wire != _LEN:
                 raise NeedsOnnx(f"field {field} has wire type {wire}, expected a string")
             try:
-                out.append(bytes(self.buf[v[0]:v[1]]).decode("utf-8"))
+                out.append(str(self.buf[v[0]:v[1]], "utf-8"))
             except UnicodeDecodeError:
                 raise NeedsOnnx(f"field {field} is not UTF-8") from None
         return out
 
     def msg(self, field: int) -> _Msg | None:
         """A singular message field (one occurrence: protobuf would merge repeats, which this does not)."""
+        span = self.span(field)
+        return None if span is None else _Msg(self.buf, *span)
+
+    def span(self, field: int) -> tuple[int, int] | None:
+        """Where a singular message field lies (checked as ``msg`` checks it), without decoding it."""
         values = self.fields.get(field)
         if not values:
             return None
         if len(values) > 1:
             raise NeedsOnnx(f"message field {field} occurs {len(values)} times")
-        return self.msgs(field)[0]
+        wire, v = values[0]
+        if wire != _LEN:
+            raise NeedsOnnx(f"field {field} has wire type {wire}, expected a message")
+        return v
 
     def msgs(self, field: int) -> list[_Msg]:
         out = []
@@ -250,9 +265,27 @@ def _doubles(t: _Msg, field: int) -> list[float]:
     return out
 
 
-def _type(vi: _Msg, what: str) -> TensorType | SequenceType | None:
+def _cached(decode, vi: _Msg, cache: dict, *args):
+    """``decode(TypeProto or None, *args)`` for a ValueInfoProto, once per distinct TypeProto bytes.
+
+    A training model repeats a few dozen types over hundreds of values; the result is a function of the bytes
+    alone (``args`` only name the value in errors, and errors are not cached), and types are immutable."""
+    span = vi.span(VI_TYPE)
+    if span is None:
+        return decode(None, *args)
+    key = (decode, bytes(vi.buf[span[0]:span[1]]))
+    got = cache.get(key, cache)
+    if got is cache:
+        got = cache[key] = decode(_Msg(vi.buf, *span), *args)
+    return got
+
+
+def _type(vi: _Msg, what: str, cache: dict) -> TensorType | SequenceType | None:
     """A ValueInfoProto's type as onnx_io's ``_tensor_type`` makes it (None: no type given)."""
-    ty = vi.msg(VI_TYPE)
+    return _cached(_type_of, vi, cache, what)
+
+
+def _type_of(ty: _Msg | None, what: str) -> TensorType | SequenceType | None:
     if ty is None or not ty.fields:
         return None
     seq = ty.msg(TY_SEQUENCE)
@@ -289,10 +322,13 @@ def _elem(code: int, what: str) -> np.dtype:
     return dtype
 
 
-def _hint(vi: _Msg) -> TensorType | None:
+def _hint(vi: _Msg, cache: dict) -> TensorType | None:
     """A value_info entry kept as onnx_io keeps it: a tensor of a known type with no negative dim (the rest as
     ``_type`` reads it, from the messages decoded here: training models carry a hint for most values)."""
-    ty = vi.msg(VI_TYPE)
+    return _cached(_hint_of, vi, cache)
+
+
+def _hint_of(ty: _Msg | None) -> TensorType | None:
     tt = ty.msg(TY_TENSOR) if ty is not None else None
     if tt is None or tt.int(TT_ELEM) not in _KNOWN_ELEM_TYPES:
         return None
@@ -358,14 +394,15 @@ def read(data, where: str = "<bytes>") -> Graph:
         name = t.str(T_NAME)
         initializers[name] = _tensor(t, f"initializer '{name}'")
     inputs = []
+    types: dict = {}        # TypeProto bytes -> decoded type (``_cached``)
     for vi in g.msgs(G_INPUT):
         name = vi.str(VI_NAME)
         if name not in initializers:
-            t = _type(vi, f"graph input '{name}'")
+            t = _type(vi, f"graph input '{name}'", types)
             if t is None:
                 raise NeedsOnnx(f"graph input '{name}' has no type")
             inputs.append(Value(name, t))
-    outputs = [Value(vi.str(VI_NAME), _type(vi, "graph output")) for vi in g.msgs(G_OUTPUT)]
+    outputs = [Value(vi.str(VI_NAME), _type(vi, "graph output", types)) for vi in g.msgs(G_OUTPUT)]
     nodes = []
     for i, n in enumerate(g.msgs(G_NODE)):
         op_type, domain = n.str(N_OP), n.str(N_DOMAIN)
@@ -380,7 +417,7 @@ def read(data, where: str = "<bytes>") -> Graph:
         nodes.append(Node(op_type, n.strs(N_INPUT), n.strs(N_OUTPUT), attrs, name, domain))
     value_types = {}
     for vi in g.msgs(G_VALUE_INFO):
-        t = _hint(vi)
+        t = _hint(vi, types)
         if t is not None:
             value_types[vi.str(VI_NAME)] = t
     graph = Graph(nodes, inputs, outputs, initializers, opsets, value_types, g.str(G_NAME) or "graph")

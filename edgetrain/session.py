@@ -1,7 +1,6 @@
 """``edgetrain.InferenceSession``: onnxruntime's inference surface over planned programs."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -10,6 +9,7 @@ from .errors import InputError, ShapeError
 from .ir import Graph, TensorType, Value
 from .ir.dtypes import ORT_TYPE_NAME
 from .plan import make_plan
+from .record import Frozen
 from .runtime import Program
 from .runtime.feeds import bind_feeds
 
@@ -17,12 +17,14 @@ from .runtime.feeds import bind_feeds
 VALUE_INPUT_SIZE = 64    # elements: inputs up to this size may be planned per value (shape, axes, pads, limits)
 
 
-@dataclass(frozen=True)
-class NodeArg:
+class NodeArg(Frozen):
     """What ``get_inputs()`` / ``get_outputs()`` return, as in onnxruntime."""
     name: str
     shape: list
     type: str
+
+    def __init__(self, name: str, shape: list, type: str):      # noqa: A002 - onnxruntime's field name
+        self._set(name=name, shape=shape, type=type)
 
 
 def node_arg(v: Value, t: TensorType | None = None) -> NodeArg:

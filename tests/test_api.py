@@ -212,6 +212,38 @@ def test_save_with_optimizer_state_then_resume_continues_identically(shared, tmp
     assert _run(resumed, resumed_opt, batches[3:]) == straight
 
 
+def _file_backed(a: np.ndarray) -> bool:
+    """Whether ``a`` is (a view of) the bytes a checkpoint was read from."""
+    while isinstance(a, np.ndarray):
+        a = a.base
+    return isinstance(a, (bytearray, memoryview))
+
+
+def test_the_file_bytes_are_let_go_once_the_store_holds_them(shared, tmp_path):
+    """A kept view of the checkpoint's bytes keeps the whole file resident next to the store (peak memory)."""
+    d, state, module = _mlp(shared)
+    opt = Optimizer(d / "optimizer_model.onnx", module)
+    _run(module, opt, [_batch(0)])
+    CheckpointState.save_checkpoint(state, tmp_path / "ckpt", include_optimizer_state=True)
+    saved = checkpoint.load(tmp_path / "ckpt")
+    assert all(_file_backed(a) for a in saved.parameters.values())      # the reader gives views
+
+    resumed_state = CheckpointState.load_checkpoint(tmp_path / "ckpt")
+    resumed = Module(d / "training_model.onnx", resumed_state)
+    ckpt = resumed_state._checkpoint
+    assert not any(_file_backed(a) for a in ckpt.parameters.values())
+    resumed_opt = Optimizer(d / "optimizer_model.onnx", resumed)
+    moments = [m for g in ckpt.optimizer_groups for s in g.states.values() for m in s.values()]
+    assert moments and not any(_file_backed(m) for m in moments)
+    for name, a in saved.parameters.items():     # what the state reads is still the file's content
+        np.testing.assert_array_equal(resumed_state.parameters[name].data, a)
+    store = resumed.training_program.store
+    for name, kinds in saved.optimizer_groups[0].states.items():
+        for k, kind in enumerate(checkpoint.MOMENTUM_NAMES):
+            np.testing.assert_array_equal(store.moment(k, name), kinds[kind])
+    assert resumed_opt.step_count == 1
+
+
 BENCH = ["cnn", "digits", "mlp", "mobilenet", "transformer"]
 
 

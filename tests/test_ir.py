@@ -46,6 +46,37 @@ def test_tensor_type_sizes():
     assert not TensorType(np.int64, ("N", 3)).is_static
 
 
+def test_hand_written_frozen_records_behave_as_frozen_dataclasses():
+    """``edgetrain.record.Frozen`` replaces ``@dataclass(frozen=True)`` on hot classes: the dataclass is the
+    oracle for equality, hashing, repr, copies and the refusal to assign."""
+    import copy
+    import dataclasses
+    import pickle
+
+    @dataclasses.dataclass(frozen=True)
+    class Oracle:
+        dtype: np.dtype
+        shape: tuple
+
+    cases = [((np.float32, (2, "n", None)), (np.float32, (2, "n", None))), ((np.float32, (2,)), (np.float64, (2,))),
+             ((np.int64, ()), (np.int64, (1,)))]
+    for a, b in cases:
+        mine = TensorType(*a), TensorType(*b)
+        theirs = Oracle(np.dtype(a[0]), tuple(a[1])), Oracle(np.dtype(b[0]), tuple(b[1]))
+        assert (mine[0] == mine[1]) == (theirs[0] == theirs[1])
+        assert (hash(mine[0]) == hash(mine[1])) == (theirs[0] == theirs[1])
+        assert repr(mine[0]) == "TensorType" + repr(theirs[0]).split("Oracle", 1)[1]
+        for same in (pickle.loads(pickle.dumps(mine[0])), copy.deepcopy(mine[0]), copy.copy(mine[0])):
+            assert same == mine[0] and hash(same) == hash(mine[0])
+    t = TensorType(np.float32, [3])
+    assert t.shape == (3,) and t.dtype == np.dtype(np.float32) and t != "float[3]"
+    with pytest.raises(dataclasses.FrozenInstanceError, match="shape"):
+        t.shape = (4,)
+    with pytest.raises(dataclasses.FrozenInstanceError, match="dtype"):
+        del t.dtype
+    assert len({Value("x", t), Value("x", TensorType(np.float32, (3,))), Value("y", t)}) == 2
+
+
 def test_only_the_onnx_import_module_imports_onnx():
     """Checked over the package's folders as installed: edgetrain/ with kernels/ and minimal_build/ inside. The
     ORT-format reader and writer turn .ort files into ModelProtos and back (host side, like onnx_io, which

@@ -24,7 +24,6 @@ from . import files
 from .reader import decode
 from .schema import SCHEMA_PATH, VERSION
 from .state import MOMENTUM_NAMES, Checkpoint, CheckpointError, OptimizerGroup
-from .writer import encode
 
 __all__ = [
     "MOMENTUM_NAMES",
@@ -73,7 +72,7 @@ def loads(data: bytes | bytearray | memoryview) -> Checkpoint:
 
 def dumps(ckpt: Checkpoint) -> bytes:
     """The checkpoint as bytes, in the layout ORT 1.19.2 writes (see ``save``)."""
-    return bytes(encode(ckpt))
+    return bytes(_encode(ckpt))
 
 
 def save(ckpt: Checkpoint, path: str | os.PathLike) -> None:
@@ -92,7 +91,14 @@ def save(ckpt: Checkpoint, path: str | os.PathLike) -> None:
         int/float/str, more than 2 GiB) or the file cannot be written; ``path`` is then unchanged.
     """
     try:
-        data = encode(ckpt)
+        data = _encode(ckpt)
     except CheckpointError as e:
         raise CheckpointError(f"checkpoint '{os.fspath(path)}': {e}") from None
     files.write_atomic(path, data)
+
+
+def _encode(ckpt: Checkpoint) -> memoryview:
+    # the writer builds with flatbuffers' Builder: imported by a process that writes a checkpoint, not by every one
+    # that only reads (a training start: flatbuffers is ~6 modules of import)
+    from .writer import encode
+    return encode(ckpt)

@@ -11,19 +11,20 @@ from typing import Any
 import numpy as np
 
 from ..errors import GraphError
+from ..record import Frozen
 from .dtypes import ORT_TYPE_NAME
 
 Dim = int | str | None
 
 
-@dataclass(frozen=True)
-class TensorType:
+class TensorType(Frozen):
     dtype: np.dtype
     shape: tuple[Dim, ...]
 
-    def __post_init__(self):
-        object.__setattr__(self, "dtype", np.dtype(self.dtype))
-        object.__setattr__(self, "shape", tuple(self.shape))
+    def __init__(self, dtype, shape):
+        d = self.__dict__           # one of the most made objects of planning: no call per field
+        d["dtype"] = np.dtype(dtype)
+        d["shape"] = tuple(shape)
 
     @property
     def is_static(self) -> bool:
@@ -42,23 +43,24 @@ class TensorType:
         return f"{ORT_TYPE_NAME.get(self.dtype, str(self.dtype))}[{dims}]"
 
 
-@dataclass(frozen=True)
-class SequenceType:
+class SequenceType(Frozen):
     """A sequence of tensors of one element type (optimizer models take parameters as sequences)."""
     dtype: np.dtype
 
-    def __post_init__(self):
-        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+    def __init__(self, dtype):
+        self._set(dtype=np.dtype(dtype))
 
     def __str__(self) -> str:
         return f"seq({ORT_TYPE_NAME.get(self.dtype, str(self.dtype))})"
 
 
-@dataclass(frozen=True)
-class Value:
+class Value(Frozen):
     """A named graph input or output with its (possibly symbolic) type; None until planning if undeclared."""
     name: str
     type: TensorType | SequenceType | None
+
+    def __init__(self, name: str, type: TensorType | SequenceType | None):   # noqa: A002 - the field's name
+        self._set(name=name, type=type)
 
 
 @dataclass

@@ -10,29 +10,32 @@ file ever becomes code.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import AttributeValueError
+from ..record import Frozen
 
 REQUIRED = object()          # the attribute has no default: a node must carry it
 INT64 = (-(1 << 63), (1 << 63) - 1)
 MAX_LIST = 1 << 16           # entries of an ints/floats attribute (pads, perm, axes, shapes are tiny)
 
 
-@dataclass(frozen=True)
-class Attr:
+class Attr(Frozen):
     """One attribute: ``kind`` (int, float, string, ints, floats, strings, tensor), its default (``REQUIRED``,
     or None for an optional attribute without one), allowed values (``choices``, empty: any), an inclusive
     range for ints (``low``/``high``) and the characters a free-form string may hold (``alphabet``)."""
     kind: str
-    default: Any = None
-    choices: tuple = ()
-    low: int = INT64[0]
-    high: int = INT64[1]
-    alphabet: str = ""           # free-form strings (an Einsum equation): the characters allowed, empty: any
+    default: Any
+    choices: tuple
+    low: int
+    high: int
+    alphabet: str                # free-form strings (an Einsum equation): the characters allowed, empty: any
+
+    def __init__(self, kind: str, default: Any = None, choices: tuple = (), low: int = INT64[0],
+                 high: int = INT64[1], alphabet: str = ""):
+        self._set(kind=kind, default=default, choices=choices, low=low, high=high, alphabet=alphabet)
 
 
 def Int(default=None, choices=(), low: int = INT64[0], high: int = INT64[1]) -> Attr:  # noqa: N802

@@ -9,12 +9,12 @@ the pooling ops share.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import config
 from ..ir import TensorType
+from ..record import Frozen
 from .attrs import REQUIRED, Int, Ints, String
 from .base import NodeContext, OpDef
 
@@ -28,8 +28,7 @@ CONV_ATTRS = WINDOW_ATTRS | {"group": Int(1, low=1, high=DIM[1])}
 POOL_ATTRS = WINDOW_ATTRS | {"kernel_shape": Ints(REQUIRED, low=DIM[0], high=DIM[1])}
 
 
-@dataclass(frozen=True)
-class Window:
+class Window(Frozen):
     """A sliding window over ``len(kernel)`` spatial dims, every field one entry per spatial dim."""
     kernel: tuple[int, ...]
     strides: tuple[int, ...]
@@ -37,6 +36,10 @@ class Window:
     pads_begin: tuple[int, ...]
     pads_end: tuple[int, ...]
     out: tuple[int, ...]
+
+    def __init__(self, kernel, strides, dilations, pads_begin, pads_end, out):
+        self._set(kernel=kernel, strides=strides, dilations=dilations, pads_begin=pads_begin, pads_end=pads_end,
+                  out=out)
 
     def as_2d(self) -> "Window":
         """1-D windows as 2-D ones with a leading spatial dim of size 1 (kernels only handle 2-D)."""
@@ -137,14 +140,16 @@ def check_rank(ctx: NodeContext, i: int = 0) -> tuple[int, ...]:
     return shape
 
 
-@dataclass(frozen=True)
-class ConvGeometry:
+class ConvGeometry(Frozen):
     n: int
     c: int          # input channels
     m: int          # output channels
     group: int
     window: Window  # always 2-D (1-D convs get a leading spatial dim of size 1)
     in_hw: tuple[int, int]
+
+    def __init__(self, n, c, m, group, window, in_hw):
+        self._set(n=n, c=c, m=m, group=group, window=window, in_hw=in_hw)
 
     @property
     def ckk(self) -> int:
@@ -307,12 +312,14 @@ CONV_TRANSPOSE_ATTRS = CONV_ATTRS | {"output_padding": Ints(low=DIM[0], high=DIM
                                      "output_shape": Ints(low=DIM[0], high=DIM[1])}
 
 
-@dataclass(frozen=True)
-class TransposeGeometry:
+class TransposeGeometry(Frozen):
     """ConvTranspose's output spatial shape and the Conv (from Y to X) whose adjoint it is: ``conv.window``
     has X's spatial shape as output and the pads that crop the full result to Y."""
     conv: ConvGeometry
     out: tuple[int, ...]          # Y's spatial shape (one entry for 1-D)
+
+    def __init__(self, conv, out):
+        self._set(conv=conv, out=out)
 
     def conv_attrs(self) -> dict:
         """The attributes of that Conv (1-D: without the leading size-1 dim)."""

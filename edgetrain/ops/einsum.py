@@ -12,21 +12,23 @@ away in only one of two operands, three or more operands.
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..ir import TensorType
+from ..record import Frozen
 from .attrs import REQUIRED, Text
 from .base import NodeContext, OpDef
 
 
-@dataclass(frozen=True)
-class Spec:
+class Spec(Frozen):
     """An equation with the ellipsis spelled out as letters: one letter string per operand and the output."""
     operands: tuple[str, ...]
     output: str
     sizes: dict
+
+    def __init__(self, operands, output, sizes):
+        self._set(operands=operands, output=output, sizes=sizes)
 
     @property
     def equation(self) -> str:
@@ -36,8 +38,7 @@ class Spec:
         return tuple(self.sizes[c] for c in letters)
 
 
-@dataclass(frozen=True)
-class Product:
+class Product(Frozen):
     """The batched GEMM of a two-operand Einsum: letter groups, and the permutations into and out of it."""
     batch: str
     left: str
@@ -46,6 +47,10 @@ class Product:
     perm_a: tuple[int, ...]
     perm_b: tuple[int, ...]
     perm_out: tuple[int, ...]     # from batch + left + right to the output's order
+
+    def __init__(self, batch, left, right, contract, perm_a, perm_b, perm_out):
+        self._set(batch=batch, left=left, right=right, contract=contract, perm_a=perm_a, perm_b=perm_b,
+                  perm_out=perm_out)
 
 
 def einsum_spec(ctx: NodeContext) -> Spec:

@@ -7,11 +7,11 @@ dims an index tuple addresses (k = indices.shape[-1]), ``slice`` the rest, copie
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..ir import TensorType
+from ..record import Frozen
 from .attrs import Int, String
 from .base import ANY, NodeContext, OpDef
 
@@ -19,13 +19,15 @@ MS = "com.microsoft"
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 
 
-@dataclass(frozen=True)
-class NDGeometry:
+class NDGeometry(Frozen):
     batch: int                 # product of the batch dims
     tuples: int                # index tuples per batch entry
     dims: tuple[int, ...]      # the k dims an index tuple addresses
     slice: int                 # elements per addressed slice
     out: tuple[int, ...]       # GatherND's output shape (ScatterND's updates shape)
+
+    def __init__(self, batch, tuples, dims, slice, out):     # noqa: A002 - the field's name
+        self._set(batch=batch, tuples=tuples, dims=dims, slice=slice, out=out)
 
     @property
     def cells(self) -> int:

@@ -13,11 +13,11 @@ their outputs. ``clip``, LSTM's ``input_forget`` and other activations are refus
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..ir import TensorType
+from ..record import Frozen
 from .attrs import Flag, Float, Floats, Int, String, Strings
 from .base import NodeContext, OpDef
 
@@ -32,14 +32,16 @@ RNN_ATTRS = {"activation_alpha": Floats(), "activation_beta": Floats(), "activat
              "layout": Int(0, choices=(0, 1))}
 
 
-@dataclass(frozen=True)
-class Cell:
+class Cell(Frozen):
     """What differs between the three cells: gates per hidden unit, default activations, the forward op's
     optional state inputs and outputs."""
     name: str
     gates: int
     activations: tuple[str, ...]
     states: int           # initial-state inputs (H0; LSTM: H0, C0)
+
+    def __init__(self, name, gates, activations, states):
+        self._set(name=name, gates=gates, activations=activations, states=states)
 
 
 CELLS = {"LSTM": Cell("LSTM", 4, ("Sigmoid", "Tanh", "Tanh"), 2),
@@ -49,8 +51,7 @@ CELL_OF = {"LSTM": "LSTM", "LSTMTraining": "LSTM", "LSTMGrad": "LSTM", "GRU": "G
            "GRUGrad": "GRU", "RNN": "RNN", "RNNGrad": "RNN"}
 
 
-@dataclass(frozen=True)
-class Geometry:
+class Geometry(Frozen):
     """Sizes of a recurrent node: T steps, B sequences, I inputs, H hidden units, D directions, G gates."""
     cell: Cell
     seq: int
@@ -61,7 +62,12 @@ class Geometry:
     layout: int
     acts: tuple[tuple[int, ...], ...]     # activation codes per direction
     reverse: tuple[bool, ...]             # per direction: runs from the last step to the first
-    linear_before_reset: bool = False
+    linear_before_reset: bool
+
+    def __init__(self, cell, seq, batch, inputs, hidden, directions, layout, acts, reverse,
+                 linear_before_reset=False):
+        self._set(cell=cell, seq=seq, batch=batch, inputs=inputs, hidden=hidden, directions=directions,
+                  layout=layout, acts=acts, reverse=reverse, linear_before_reset=linear_before_reset)
 
     @property
     def gates(self) -> int:

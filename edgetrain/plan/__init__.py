@@ -8,7 +8,6 @@ node, ``EDGETRAIN_NO_PLANNER=1`` gives every buffer its own bytes.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,6 +15,7 @@ from .. import budget, config
 from ..budget import format_bytes
 from ..errors import EdgetrainError, MemoryBudgetError
 from ..ir import Graph, TensorType
+from ..record import Record
 from .fusion import Step, fuse
 from .gradients import direct_gradients as direct_gradients_into
 from .lower import lower
@@ -24,13 +24,17 @@ from .specialize import Specialized, specialize
 from .widen import widen
 
 
-@dataclass
-class Plan:
+class Plan(Record):
     spec: Specialized
     steps: list[Step]
     memory: MemoryPlan
-    external: frozenset[str] = frozenset()   # inputs bound to arrays outside the arena
-    direct_gradients: tuple[str, ...] = ()   # external buffers their gradient's producer writes (gradients.py)
+    external: frozenset[str]            # inputs bound to arrays outside the arena
+    direct_gradients: tuple[str, ...]   # external buffers their gradient's producer writes (gradients.py)
+    _fields = ("spec", "steps", "memory", "external", "direct_gradients")
+
+    def __init__(self, spec, steps, memory, external=frozenset(), direct_gradients=()):
+        self.spec, self.steps, self.memory = spec, steps, memory
+        self.external, self.direct_gradients = external, direct_gradients
 
     @property
     def fed_inputs(self) -> list[str]:

@@ -16,11 +16,11 @@ Gemm's bias gradient (ReduceSum over rows of dY) next to its weight gradient (dY
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..ops.reduce import reduce_axes
+from ..record import Record
 from .specialize import Bound, Specialized
 
 MAX_FUSED_OPS = 32       # ops in one generated kernel
@@ -33,15 +33,22 @@ EPILOGUES = {(("com.microsoft", "FusedMatMul"), ("Add",)): "matmul.gemm_bias",
 SIBLINGS = {(("", "ReduceSum"), ("com.microsoft", "FusedMatMul")): "matmul.gemm_column_sums"}
 
 
-@dataclass(eq=False)
-class Step:
+class Step(Record):
     """One unit of execution: a kernel call, a fused element-wise loop, or a view (alias, no work)."""
     kind: str                      # "kernel" | "fused" | "alias"
     nodes: list[Bound]
-    inputs: list[str] = field(default_factory=list)    # values read from outside the step ("" = absent)
-    outputs: list[str] = field(default_factory=list)   # values written (or, for alias, the view)
-    shape: tuple[int, ...] = ()                        # iteration shape of a fused step
-    kernel: str = ""                                   # a kernel step's launcher when not its op's (EPILOGUES)
+    inputs: list[str]              # values read from outside the step ("" = absent)
+    outputs: list[str]             # values written (or, for alias, the view)
+    shape: tuple[int, ...]         # iteration shape of a fused step
+    kernel: str                    # a kernel step's launcher when not its op's (EPILOGUES)
+    _fields = ("kind", "nodes", "inputs", "outputs", "shape", "kernel")
+    __eq__, __hash__ = object.__eq__, object.__hash__    # a step is itself (keys of dicts while fusing)
+
+    def __init__(self, kind, nodes, inputs=None, outputs=None, shape=(), kernel=""):
+        self.kind, self.nodes = kind, nodes
+        self.inputs = [] if inputs is None else inputs
+        self.outputs = [] if outputs is None else outputs
+        self.shape, self.kernel = shape, kernel
 
     @property
     def label(self) -> str:

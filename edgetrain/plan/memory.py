@@ -6,9 +6,8 @@ the step's full shape and dtype: each element is read before it is written, at t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..ir import TensorType
+from ..record import Record
 from .fusion import Step
 from .specialize import Specialized
 
@@ -19,26 +18,33 @@ def aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-@dataclass
-class Buffer:
+class Buffer(Record):
     name: str            # the value (or workspace) that created it
     nbytes: int
     start: int           # first step that writes it (-1: before the first step)
     end: int             # last step that reads it (len(steps): after the last step)
-    held: bool = False
-    offset: int = -1
+    held: bool
+    offset: int
+    _fields = ("name", "nbytes", "start", "end", "held", "offset")
+
+    def __init__(self, name: str, nbytes: int, start: int, end: int, held: bool = False, offset: int = -1):
+        self.name, self.nbytes, self.start, self.end, self.held, self.offset = name, nbytes, start, end, held, offset
 
     def overlaps_in_time(self, other: "Buffer") -> bool:
         return self.start <= other.end and other.start <= self.end
 
 
-@dataclass
-class MemoryPlan:
+class MemoryPlan(Record):
     buffers: list[Buffer]
     value_buffer: dict[str, int]          # arena value -> buffer index (views share their root's buffer)
     workspaces: dict[int, list[int]]      # step index -> buffer indices of its scratch tensors
     arena_bytes: int
     naive_bytes: int
+    _fields = ("buffers", "value_buffer", "workspaces", "arena_bytes", "naive_bytes")
+
+    def __init__(self, buffers, value_buffer, workspaces, arena_bytes, naive_bytes):
+        self.buffers, self.value_buffer, self.workspaces = buffers, value_buffer, workspaces
+        self.arena_bytes, self.naive_bytes = arena_bytes, naive_bytes
 
 
 def plan_memory(spec: Specialized, steps: list[Step], workspace_types: dict[int, list[TensorType]],
@@ -128,21 +134,29 @@ def _sequential_offsets(buffers: list[Buffer]) -> int:
 
 def _assign_offsets(buffers: list[Buffer]) -> int:
     """Greedy by size: place big buffers first, each in the smallest gap left by those alive with it."""
-    placed: list[Buffer] = []
+    # (start, end, offset, aligned size) of each placed buffer: this loop is quadratic and runs in every
+    # process's first step (resnet18: ~500 buffers), so it compares tuples, not Buffer attributes
+    placed: list[tuple[int, int, int, int]] = []
     top = 0
     for b in sorted(buffers, key=lambda b: (-b.nbytes, b.start)):
         size = aligned(b.nbytes)
-        busy = sorted((p for p in placed if p.overlaps_in_time(b)), key=lambda p: p.offset)
+        start, end = b.start, b.end
+        busy = sorted([p for p in placed if p[0] <= end and start <= p[1]], key=_offset_of)
         best, best_gap, cursor = None, None, 0
-        for p in busy:
-            gap = p.offset - cursor
+        for _, _, offset, psize in busy:
+            gap = offset - cursor
             if gap >= size and (best_gap is None or gap < best_gap):
                 best, best_gap = cursor, gap
-            cursor = max(cursor, p.offset + aligned(p.nbytes))
+            if offset + psize > cursor:
+                cursor = offset + psize
         b.offset = best if best is not None else cursor
-        placed.append(b)
+        placed.append((start, end, b.offset, size))
         top = max(top, b.offset + size)
     return top
+
+
+def _offset_of(placed: tuple[int, int, int, int]) -> int:
+    return placed[2]
 
 
 def live_at_peak(memory: MemoryPlan, n_steps: int) -> tuple[int, int, list[Buffer]]:

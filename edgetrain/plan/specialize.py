@@ -17,27 +17,36 @@ from ..errors import EdgetrainError, ShapeError, UnsupportedOpError
 from ..ir import Graph, TensorType
 from ..ir.dtypes import CARRIED, ORT_TYPE_NAME, carrier
 from ..ops import NodeContext, OpDef, lookup
+from ..record import Record
 
 
-@dataclasses.dataclass
-class Bound:
+class Bound(Record):
     """A node with its op definition and static types."""
     op: OpDef
     ctx: NodeContext
+    _fields = ("op", "ctx")
+
+    def __init__(self, op: OpDef, ctx: NodeContext):
+        self.op, self.ctx = op, ctx
 
     @property
     def node(self):
         return self.ctx.node
 
 
-@dataclasses.dataclass
-class Specialized:
+class Specialized(Record):
     nodes: list[Bound]
     input_names: list[str]
     output_names: list[str]
     types: dict[str, TensorType]
     consts: dict[str, np.ndarray]
-    declared: dict[str, np.dtype] = dataclasses.field(default_factory=dict)  # edge values widened (widen.py)
+    declared: dict[str, np.dtype]       # edge values widened (widen.py)
+    _fields = ("nodes", "input_names", "output_names", "types", "consts", "declared")
+
+    def __init__(self, nodes, input_names, output_names, types, consts, declared=None):
+        self.nodes, self.input_names, self.output_names, self.types, self.consts = (
+            nodes, input_names, output_names, types, consts)
+        self.declared = {} if declared is None else declared
 
 
 ALWAYS_FOLD = {("", "Shape"), ("", "Size"), ("", "Constant"), ("", "EyeLike")}   # read shapes only

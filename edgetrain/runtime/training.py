@@ -11,7 +11,6 @@ OrtValues).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from ..errors import EdgetrainError
 from ..ir import Graph, TensorType
 from ..ops import node_attr
 from ..plan import make_plan
+from ..record import Record
 from .feeds import bind_feeds
 from .program import Program, aligned_empty
 from .state import StateStore, planned_nbytes
@@ -31,13 +31,16 @@ RESET = "lazy_reset_grad"
 MOMENT_INPUTS = ("first_order_moments", "second_order_moments")
 
 
-@dataclass
-class ModelIO:
+class ModelIO(Record):
     """A model's graph and how its inputs and outputs divide between the caller and the state."""
     graph: Graph
     user_inputs: list[str]     # fed by the caller, in the model's order
     params: list[str]          # parameter inputs in the model's order
     outputs: list[str]         # user-facing outputs (loss first)
+    _fields = ("graph", "user_inputs", "params", "outputs")
+
+    def __init__(self, graph: Graph, user_inputs: list[str], params: list[str], outputs: list[str]):
+        self.graph, self.user_inputs, self.params, self.outputs = graph, user_inputs, params, outputs
 
     @classmethod
     def of(cls, graph: Graph, params: set[str]) -> ModelIO:
@@ -58,15 +61,16 @@ def running_stats(graph: Graph) -> list[tuple[str, str]]:
     return pairs
 
 
-@dataclass
-class BoundStep:
+class BoundStep(Record):
     """A model bound for one set of input shapes and dtypes: what a call runs and what it hands back."""
     program: Program                   # training: the first of its step's programs
     step: TrainingStep | None          # training: runs, checks and commits
     feed_order: list[int]              # user-input position of each of plan.fed_inputs
     results: list[int]                 # program outputs the caller gets, loss first
+    _fields = ("program", "step", "feed_order", "results")
 
-    def __post_init__(self):
+    def __init__(self, program, step, feed_order, results):
+        self.program, self.step, self.feed_order, self.results = program, step, feed_order, results
         # the program takes the user inputs as they come (none reordered; its run ignores trailing ones it does not
         # read): passed on without a new list
         self.feeds_in_order = self.feed_order == list(range(len(self.feed_order)))
