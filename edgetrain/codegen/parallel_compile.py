@@ -1,11 +1,14 @@
 """Cold start: a program's first run compiles its kernels in two processes at once.
 
 Numba holds the GIL while it compiles, so threads would not help. Before a program's first run, the kernels it
-calls directly (or through a launcher that lists them: ``kernel_calls``) that have no code for the types of
-their bound arguments yet are split in two: a short-lived helper process (``HELPER``: this process's Python
-and ``sys.path``) compiles one half into the shared Numba disk cache while this process compiles the other;
-the run then loads the helper's half from the cache (~3 ms a kernel). Numba's code, and so every result, is
-the same as a serial compile's.
+calls directly (or through a launcher that lists them: ``kernel_calls``), and those of the programs already
+bound that have not run yet (the optimizer's, bound before the first training step), that have no code for the
+types of their bound arguments yet, are compiled by this process and a short-lived helper process (``HELPER``:
+this process's Python and ``sys.path``) together: each takes the next kernel nobody has claimed yet (an
+exclusive file create in a folder of claims), so a process that is done early (or the helper, late by its ~0.5 s
+start) takes more, and they finish at most one kernel's compile apart whatever the kernels cost. The helper
+compiles into the shared Numba disk cache; the run then loads its kernels from there (~3 ms a kernel). Numba's
+code, and so every result, is the same as a serial compile's.
 
 All signatures of one kernel go to one process, and every Numba cache save (index and data file) is made under
 a lock on the cache folder: two processes saving overloads of one function would otherwise both pick the same
@@ -57,14 +60,21 @@ def _logger():
 
 def kernel_calls(calls):
     """``calls`` with each launcher that says which kernels it calls (``fn.kernel_calls``: ``(kernel, args)``
-    pairs, e.g. ``kernels.checked``) replaced by those."""
+    pairs, e.g. ``kernels.checked``, ``kernels.in_turn``) replaced by those, and theirs by theirs."""
     for fn, args in calls:
-        yield from getattr(fn, "kernel_calls", ((fn, args),))
+        inner = getattr(fn, "kernel_calls", None)
+        if inner is None:
+            yield fn, args
+        else:
+            yield from kernel_calls(inner)
+
+
+_HANDED: set = set()      # (dispatcher, argument types) a compile_ahead of this process has compiled or had compiled
 
 
 def pending(calls) -> list[tuple[object, tuple]]:
     """``(dispatcher, argument types)`` per Numba dispatcher among ``calls`` (``(fn, args)`` pairs) that has no
-    code for its arguments yet, in call order, each pair once."""
+    code for its arguments yet and that no earlier ``compile_ahead`` handed out, in call order, each pair once."""
     seen, out = set(), []
     for fn, args in kernel_calls(calls):
         if not (hasattr(fn, "overloads") and hasattr(fn, "typeof_pyval") and hasattr(fn, "py_func")):
@@ -73,25 +83,41 @@ def pending(calls) -> list[tuple[object, tuple]]:
             sig = tuple(fn.typeof_pyval(a) for a in args)
         except Exception:      # noqa: BLE001 - a value Numba cannot type fails at the call, with Numba's error
             continue
-        if sig in fn.overloads or (id(fn), sig) in seen:
+        if sig in fn.overloads or (id(fn), sig) in seen or (fn, sig) in _HANDED:
             continue
         seen.add((id(fn), sig))
         out.append((fn, sig))
     return out
 
 
-def split(jobs: list[tuple[object, tuple]]) -> tuple[list, list]:
-    """(this process's jobs, the helper's): whole kernels alternately, the first (and the odd one) here."""
-    order: list = []
-    by_kernel: dict[int, list] = {}
+def by_kernel(jobs: list[tuple[object, tuple]]) -> list[tuple[object, list]]:
+    """``(dispatcher, [signatures])`` per kernel of ``jobs``, in first-call order: the unit a process claims."""
+    groups: dict[int, tuple[object, list]] = {}
     for fn, sig in jobs:
-        if id(fn) not in by_kernel:
-            order.append(id(fn))
-            by_kernel[id(fn)] = []
-        by_kernel[id(fn)].append((fn, sig))
-    mine = [job for k, key in enumerate(order) if k % 2 == 0 for job in by_kernel[key]]
-    theirs = [job for k, key in enumerate(order) if k % 2 == 1 for job in by_kernel[key]]
-    return mine, theirs
+        groups.setdefault(id(fn), (fn, []))[1].append(sig)
+    return list(groups.values())
+
+
+def claim(folder: str, k: int) -> bool:
+    """True for exactly one of the processes that ask for job ``k`` (an exclusive create in ``folder``)."""
+    try:
+        os.close(os.open(os.path.join(folder, str(k)), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
+def compile_claimed(folder: str, groups, resolve=lambda fn: fn) -> int:
+    """Compile each kernel of ``groups`` (``(kernel, [signatures])``) this process claims, in order; the
+    signatures compiled."""
+    done = 0
+    for k, (fn, sigs) in enumerate(groups):
+        if claim(folder, k):
+            fn = resolve(fn)
+            for sig in sigs:
+                fn.compile(sig)
+            done += len(sigs)
+    return done
 
 
 def _reference(fn):
@@ -137,8 +163,8 @@ def lock_cache_saves(numba) -> bool:
 
 # The helper's sys.path is this process's, set before it imports anything of edgetrain's: it imports the same
 # package, and not whatever its working folder holds (``python -m``/``-c`` would put that first)
-HELPER = ("import pickle, sys; paths, jobs = pickle.loads(sys.stdin.buffer.read()); sys.path[:] = paths; "
-          "from edgetrain.codegen.parallel_compile import _helper_main; sys.exit(_helper_main(jobs))")
+HELPER = ("import pickle, sys; paths, folder, jobs = pickle.loads(sys.stdin.buffer.read()); sys.path[:] = paths; "
+          "from edgetrain.codegen.parallel_compile import _helper_main; sys.exit(_helper_main(folder, jobs))")
 
 
 def helper_command() -> list[str]:
@@ -161,10 +187,14 @@ def compile_ahead(calls) -> dict:
 
     if not lock_cache_saves(_jit.load_numba()):
         return report
+    import shutil
+    import tempfile
+
     t0 = time.perf_counter()
-    mine, theirs = split(jobs)
-    jobs = pickle.dumps([(_reference(fn), sig) for fn, sig in theirs])     # Numba types: loaded after Numba
-    payload = pickle.dumps(([os.path.abspath(p) for p in sys.path], jobs))
+    groups = by_kernel(jobs)
+    folder = tempfile.mkdtemp(prefix="edgetrain-claims-")
+    refs = pickle.dumps([(_reference(fn), sigs) for fn, sigs in groups])     # Numba types: loaded after Numba
+    payload = pickle.dumps(([os.path.abspath(p) for p in sys.path], folder, refs))
     env = dict(os.environ, EDGETRAIN_NO_AOT="1", **{WORKERS_ENV: "1"})
     helper = subprocess.Popen(helper_command(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, env=env)
@@ -175,9 +205,7 @@ def compile_ahead(calls) -> dict:
         except OSError:
             pass           # it died at once: its exit status says why
         helper.stdin = None      # sent: communicate() below only collects stderr
-        for fn, sig in mine:
-            fn.compile(sig)
-        report["here"] = len(mine)
+        report["here"] = compile_claimed(folder, groups)
         try:
             _, err = helper.communicate(timeout=HELPER_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -188,13 +216,17 @@ def compile_ahead(calls) -> dict:
         if helper.poll() is None:
             helper.kill()
             helper.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+    theirs = len(jobs) - report["here"]
     if helper.returncode == 0:
-        report["helper"] = len(theirs)
+        report["helper"] = theirs
     else:
         lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
         report["helper_failed"] = f"exit {helper.returncode}: {lines[-1] if lines else '(no message)'}"
-        _logger().warning("edgetrain: the kernel compile helper process failed (%s); its %d kernels compile "
-                          "here instead", report["helper_failed"], len(theirs))
+        _logger().warning("edgetrain: the kernel compile helper process failed (%s); the %d kernel signatures "
+                          "it had taken compile here instead", report["helper_failed"], theirs)
+    if helper.returncode == 0:
+        _HANDED.update(jobs)      # in the cache now: loaded at their first call, not handed out again
     report["seconds"] = time.perf_counter() - t0
     if config.debug():
         print(f"edgetrain: compiled {report['here']} kernels here and {report['helper']} in a helper process "
@@ -202,9 +234,9 @@ def compile_ahead(calls) -> dict:
     return report
 
 
-def _helper_main(jobs: bytes) -> int:
-    """The helper process: compile the pickled ``[(reference, signature), ...]`` (from the parent's own
-    ``compile_ahead``, through a pipe) into the disk cache."""
+def _helper_main(folder: str, jobs: bytes) -> int:
+    """The helper process: compile the kernels of the pickled ``[(reference, [signatures]), ...]`` (from the
+    parent's own ``compile_ahead``, through a pipe) that it claims in ``folder``, into the disk cache."""
     import pickle
 
     from ..kernels import _jit     # configures Numba before the pickled Numba types import it
@@ -213,7 +245,6 @@ def _helper_main(jobs: bytes) -> int:
     if not lock_cache_saves(_jit.load_numba()):
         print("edgetrain: this Numba has no IndexDataCacheFile.save to lock", file=sys.stderr)
         return 3
-    for ref, sig in jobs:
-        _resolve(ref).compile(sig)
+    compile_claimed(folder, jobs, _resolve)
     return 0
 
