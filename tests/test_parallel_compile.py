@@ -18,7 +18,7 @@ from edgetrain.kernels import _jit
 mode = sys.argv[1]
 if mode == "failing":
     parallel_compile.helper_command = lambda: [sys.executable, "-c", "import sys; sys.exit('helper says no')"]
-elif mode == "helper_first":      # this process claims nothing before the helper has claimed a kernel
+if "helper_first" in mode:      # this process claims nothing before the helper has claimed a kernel
     import os, time
     claim = parallel_compile.claim
 
@@ -29,9 +29,10 @@ elif mode == "helper_first":      # this process claims nothing before the helpe
         return claim(folder, k)
     parallel_compile.claim = after_the_helper
 elif mode == "killed":       # dies part-way, wherever it is (a cache write included)
-    parallel_compile.helper_command = lambda: [sys.executable, "-c",
-        "import os, threading; threading.Timer(float(os.environ['KILL_AFTER']), lambda: os._exit(9)).start(); "
-        + parallel_compile.HELPER]
+    command = parallel_compile.helper_command()
+    command[2] = ("import os, threading; threading.Timer(float(os.environ['KILL_AFTER']), lambda: os._exit(9))"
+                  ".start(); " + command[2])
+    parallel_compile.helper_command = lambda: command
 SOURCE = '''import math
 import numpy as np
 from numba import njit
@@ -43,8 +44,10 @@ def kernel(a0, o0):
     for i0 in range(n0):
         o0[i0] = math.exp(a0[i0] * np.float32({k})) + np.float32({k})
 '''
+if "early" in mode:                # as a training program's start does, before any kernel is bound
+    parallel_compile.start_early()
 calls = []
-for k in range(6):
+for k in range(6 if "early" not in mode else 2):
     fn = codegen.load(SOURCE.format(k=k + 1))
     x = np.linspace(-1, 1, 37, dtype=np.float32)
     calls.append((fn, (x, np.empty_like(x))))
@@ -93,6 +96,35 @@ def test_the_kernels_compile_in_two_processes_with_the_same_bits(tmp_path, seria
 
 
 @pytest.mark.native
+def test_in_a_first_process_the_helper_starts_early_and_takes_any_number_of_kernels(tmp_path, serial):
+    got, _ = _run(tmp_path, "early helper_first")
+    assert got["report"]["early"] and got["report"]["helper"] >= 1       # 2 kernels: fewer than MIN_KERNELS
+    assert got["report"]["here"] + got["report"]["helper"] == 2 and got["bits"][:2] == serial["bits"][:2]
+    later, _ = _run(tmp_path, "early")         # the same cache, not empty now: no early start
+    assert not later["report"]["early"] and later["report"]["helper"] == 0 and later["bits"] == got["bits"]
+
+
+def test_first_compiles_looks_at_numba_cache_and_warm_sets(tmp_path, monkeypatch):
+    from edgetrain.codegen import parallel_compile
+
+    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    assert parallel_compile.first_compiles()
+    (tmp_path / "numba").mkdir()
+    assert parallel_compile.first_compiles()
+    (tmp_path / "numba" / "kernels_0123").mkdir()      # as Numba makes it when a kernel is decorated
+    (tmp_path / "aot" / "key").mkdir(parents=True)
+    assert parallel_compile.first_compiles()
+    (tmp_path / "aot" / "key" / "manifest.json").write_text("{}")
+    assert not parallel_compile.first_compiles()
+    (tmp_path / "aot" / "key" / "manifest.json").unlink()
+    (tmp_path / "numba" / "kernels_0123" / "matmul._gemm_nn-1.py311.nbi").write_bytes(b"")
+    assert not parallel_compile.first_compiles()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert parallel_compile.first_compiles()
+
+
+@pytest.mark.native
 def test_a_failing_helper_falls_back_to_compiling_here(tmp_path, serial):
     got, err = _run(tmp_path, "failing")
     assert "helper says no" in got["report"]["helper_failed"]
@@ -123,9 +155,24 @@ def test_pending_lists_each_kernel_and_signature_once_and_a_kernel_is_claimed_wh
     calls = [(f, (x32, x32)), (g, (x32, x32)), (f, (x64, x64)), (f, (x32.copy(), x32)), (print, (1,))]
     jobs = parallel_compile.pending(calls)
     assert [(fn, len(sig)) for fn, sig in jobs] == [(f, 2), (g, 2), (f, 2)]
-    groups = parallel_compile.by_kernel(jobs)
+    groups = parallel_compile.by_kernel(jobs)      # f first: two signatures to compile
     assert [(fn, len(sigs)) for fn, sigs in groups] == [(f, 2), (g, 1)]
     assert parallel_compile.claim(str(tmp_path), 0) and not parallel_compile.claim(str(tmp_path), 0)
+
+
+def test_the_costliest_kernels_are_claimed_first():
+    """What is left for the end, when one process may wait for the other, is the cheapest compiles."""
+    from edgetrain import codegen
+    from edgetrain.codegen import parallel_compile
+
+    head = "import numpy as np\nfrom numba import njit\n\n\n@njit(cache=True, nogil=True, error_model=\"numpy\")\n"
+    small = codegen.load(head + "def kernel(a0, o0):\n    o0[0] = a0[0] + np.float32(104)\n")
+    large = codegen.load(head + "def kernel(a0, o0):\n" + "".join(
+        f"    for i in range(o0.shape[0]):\n        o0[i] = a0[i] * np.float32({k})\n" for k in range(6)))
+    x = (np.zeros(2, np.float32),) * 2
+    assert parallel_compile.cost(large) > 3 * parallel_compile.cost(small)
+    for order in ([(small, x), (large, x)], [(large, x), (small, x)]):
+        assert [fn for fn, _ in parallel_compile.by_kernel(parallel_compile.pending(order))] == [large, small]
 
 
 def test_a_launcher_that_lists_its_kernels_has_them_compiled_ahead():

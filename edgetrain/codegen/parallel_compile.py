@@ -90,12 +90,28 @@ def pending(calls) -> list[tuple[object, tuple]]:
     return out
 
 
+def cost(fn, seen=None) -> int:
+    """How long ``fn`` takes to compile, roughly: the bytecode of it and of the jitted functions it calls (inlined
+    or compiled with it). Over the transformer's kernels it ranks the measured compile times (0.2-1.4 s) but for
+    two within ~0.3 s."""
+    seen = set() if seen is None else seen
+    code = fn.py_func.__code__
+    total = len(code.co_code)
+    for name in code.co_names:
+        callee = fn.py_func.__globals__.get(name)
+        if hasattr(callee, "py_func") and id(callee) not in seen:
+            seen.add(id(callee))
+            total += cost(callee, seen)
+    return total
+
+
 def by_kernel(jobs: list[tuple[object, tuple]]) -> list[tuple[object, list]]:
-    """``(dispatcher, [signatures])`` per kernel of ``jobs``, in first-call order: the unit a process claims."""
+    """``(dispatcher, [signatures])`` per kernel of ``jobs``, the unit a process claims; the costliest first, so
+    what is left for the end, when one process may wait for the other, is the cheap ones."""
     groups: dict[int, tuple[object, list]] = {}
     for fn, sig in jobs:
         groups.setdefault(id(fn), (fn, []))[1].append(sig)
-    return list(groups.values())
+    return sorted(groups.values(), key=lambda g: -cost(g[0]) * len(g[1]))
 
 
 def claim(folder: str, k: int) -> bool:
@@ -161,31 +177,76 @@ def lock_cache_saves(numba) -> bool:
     return True
 
 
-# The helper's sys.path is this process's, set before it imports anything of edgetrain's: it imports the same
-# package, and not whatever its working folder holds (``python -m``/``-c`` would put that first)
-HELPER = ("import pickle, sys; paths, folder, jobs = pickle.loads(sys.stdin.buffer.read()); sys.path[:] = paths; "
-          "from edgetrain.codegen.parallel_compile import _helper_main; sys.exit(_helper_main(folder, jobs))")
+# The helper's sys.path is this process's (its one argument), set before it imports anything of edgetrain's: it
+# imports the same package, and not whatever its working folder holds (``python -m``/``-c`` would put that first)
+HELPER = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+          "from edgetrain.codegen.parallel_compile import _helper_main; sys.exit(_helper_main())")
 
 
 def helper_command() -> list[str]:
-    return [sys.executable, "-c", HELPER]
+    import json
+
+    return [sys.executable, "-c", HELPER, json.dumps([os.path.abspath(p) for p in sys.path])]
+
+
+_EARLY: list = []        # a helper started before its jobs were known (start_early), for the next compile_ahead
+
+
+def _start_helper():
+    import subprocess     # here, not at the top: a warm start imports this module and never compiles
+
+    env = dict(os.environ, EDGETRAIN_NO_AOT="1", **{WORKERS_ENV: "1"})
+    return subprocess.Popen(helper_command(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env)
+
+
+def _holds_files(folder, depth: int = 2) -> bool:
+    """Whether ``folder`` (missing: no) holds a file within ``depth`` levels (Numba's cache keeps its entries in
+    one folder per source folder, made as soon as a kernel is decorated)."""
+    try:
+        with os.scandir(folder) as entries:
+            for e in entries:
+                if not e.is_dir(follow_symlinks=False) or depth > 1 and _holds_files(e.path, depth - 1):
+                    return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return False
+
+
+def first_compiles() -> bool:
+    """Whether this looks like the first process to run edgetrain's kernels here: Numba's cache folder and the
+    warm kernel sets' folder hold no file, so every kernel it calls compiles."""
+    root = config.cache_dir()
+    return not _holds_files(os.environ.get("NUMBA_CACHE_DIR") or root / "numba") and not _holds_files(root / "aot")
+
+
+def start_early() -> None:
+    """Start the helper now, before any program is bound, when this is the first process to run kernels here
+    (``first_compiles``) and a helper may run: its start (~0.5 s: Python, numpy, Numba) overlaps this process's
+    loading and planning, and the first ``compile_ahead`` hands it its jobs (any number, it has started). It
+    waits for them on its stdin; if none come it exits when this process closes that (or exits)."""
+    if _EARLY or workers() < 2 or config.flag("NUMBA_DISABLE_JIT") or not first_compiles():
+        return
+    _EARLY.append(_start_helper())
 
 
 def compile_ahead(calls) -> dict:
     """Compile the kernels ``calls`` will need, in two processes when it pays (see the module's docstring).
-    Returns what happened: ``{"here": n, "helper": n, "helper_failed": reason or None, "seconds": s}``."""
-    report = {"here": 0, "helper": 0, "helper_failed": None, "seconds": 0.0}
-    if workers() < 2 or config.flag("NUMBA_DISABLE_JIT"):
-        return report
-    jobs = pending(calls)
-    if len({id(fn) for fn, _ in jobs}) < MIN_KERNELS:
+    Returns what happened: ``{"here": n, "helper": n, "helper_failed": reason or None, "seconds": s, "early":
+    whether the helper had started early}``."""
+    early = _EARLY.pop() if _EARLY else None
+    report = {"here": 0, "helper": 0, "helper_failed": None, "seconds": 0.0, "early": early is not None}
+    jobs = pending(calls) if early is not None or workers() >= 2 and not config.flag("NUMBA_DISABLE_JIT") else []
+    if early is None and len({id(fn) for fn, _ in jobs}) < MIN_KERNELS:
         return report
     import pickle
-    import subprocess     # here, not at the top: a warm start imports this module and never compiles
+    import subprocess
 
     from ..kernels import _jit
 
-    if not lock_cache_saves(_jit.load_numba()):
+    if not jobs or not lock_cache_saves(_jit.load_numba()):
+        if early is not None:
+            early.stdin.close()      # nothing for it: it exits (reaped by subprocess at a later Popen)
         return report
     import shutil
     import tempfile
@@ -194,10 +255,8 @@ def compile_ahead(calls) -> dict:
     groups = by_kernel(jobs)
     folder = tempfile.mkdtemp(prefix="edgetrain-claims-")
     refs = pickle.dumps([(_reference(fn), sigs) for fn, sigs in groups])     # Numba types: loaded after Numba
-    payload = pickle.dumps(([os.path.abspath(p) for p in sys.path], folder, refs))
-    env = dict(os.environ, EDGETRAIN_NO_AOT="1", **{WORKERS_ENV: "1"})
-    helper = subprocess.Popen(helper_command(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, env=env)
+    payload = pickle.dumps((folder, refs))
+    helper = early if early is not None else _start_helper()
     try:
         try:
             helper.stdin.write(payload)
@@ -234,17 +293,21 @@ def compile_ahead(calls) -> dict:
     return report
 
 
-def _helper_main(folder: str, jobs: bytes) -> int:
-    """The helper process: compile the kernels of the pickled ``[(reference, [signatures]), ...]`` (from the
-    parent's own ``compile_ahead``, through a pipe) that it claims in ``folder``, into the disk cache."""
+def _helper_main() -> int:
+    """The helper process: Numba loaded first (its jobs may not be known yet: ``start_early``), then compile the
+    kernels of the pickled ``(claims folder, [(reference, [signatures]), ...])`` on stdin (from the parent's own
+    ``compile_ahead``) that it claims in that folder, into the disk cache; nothing (stdin closed empty): exit."""
     import pickle
 
     from ..kernels import _jit     # configures Numba before the pickled Numba types import it
 
-    jobs = pickle.loads(jobs)    # noqa: S301 -- written by the parent edgetrain process
     if not lock_cache_saves(_jit.load_numba()):
         print("edgetrain: this Numba has no IndexDataCacheFile.save to lock", file=sys.stderr)
         return 3
-    compile_claimed(folder, jobs, _resolve)
+    payload = sys.stdin.buffer.read()
+    if not payload:
+        return 0
+    folder, jobs = pickle.loads(payload)    # noqa: S301 -- written by the parent edgetrain process
+    compile_claimed(folder, pickle.loads(jobs), _resolve)     # noqa: S301
     return 0
 
