@@ -17,7 +17,8 @@ from edgetrain.kernels import _jit
 
 mode = sys.argv[1]
 if mode == "failing":
-    parallel_compile.helper_command = lambda: [sys.executable, "-c", "import sys; sys.exit('helper says no')"]
+    parallel_compile.helper_command = lambda early=False: [sys.executable, "-c",
+                                                           "import sys; sys.exit('helper says no')"]
 if "helper_first" in mode:      # this process claims nothing before the helper has claimed a kernel
     import os, time
     claim = parallel_compile.claim
@@ -32,7 +33,7 @@ elif mode == "killed":       # dies part-way, wherever it is (a cache write incl
     command = parallel_compile.helper_command()
     command[2] = ("import os, threading; threading.Timer(float(os.environ['KILL_AFTER']), lambda: os._exit(9))"
                   ".start(); " + command[2])
-    parallel_compile.helper_command = lambda: command
+    parallel_compile.helper_command = lambda early=False: command
 SOURCE = '''import math
 import numpy as np
 from numba import njit

@@ -180,23 +180,24 @@ def lock_cache_saves(numba) -> bool:
 # The helper's sys.path is this process's (its one argument), set before it imports anything of edgetrain's: it
 # imports the same package, and not whatever its working folder holds (``python -m``/``-c`` would put that first)
 HELPER = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-          "from edgetrain.codegen.parallel_compile import _helper_main; sys.exit(_helper_main())")
+          "from edgetrain.codegen.parallel_compile import _helper_main; sys.exit(_helper_main(sys.argv[2:]))")
 
 
-def helper_command() -> list[str]:
+def helper_command(early: bool = False) -> list[str]:
     import json
 
-    return [sys.executable, "-c", HELPER, json.dumps([os.path.abspath(p) for p in sys.path])]
+    return [sys.executable, "-c", HELPER, json.dumps([os.path.abspath(p) for p in sys.path])] + \
+        (["early"] if early else [])
 
 
 _EARLY: list = []        # a helper started before its jobs were known (start_early), for the next compile_ahead
 
 
-def _start_helper():
+def _start_helper(early: bool = False):
     import subprocess     # here, not at the top: a warm start imports this module and never compiles
 
     env = dict(os.environ, EDGETRAIN_NO_AOT="1", **{WORKERS_ENV: "1"})
-    return subprocess.Popen(helper_command(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+    return subprocess.Popen(helper_command(early), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=env)
 
 
@@ -227,7 +228,7 @@ def start_early() -> None:
     waits for them on its stdin; if none come it exits when this process closes that (or exits)."""
     if _EARLY or workers() < 2 or config.flag("NUMBA_DISABLE_JIT") or not first_compiles():
         return
-    _EARLY.append(_start_helper())
+    _EARLY.append(_start_helper(early=True))
 
 
 def compile_ahead(calls) -> dict:
@@ -293,17 +294,34 @@ def compile_ahead(calls) -> dict:
     return report
 
 
-def _helper_main() -> int:
-    """The helper process: Numba loaded first (its jobs may not be known yet: ``start_early``), then compile the
-    kernels of the pickled ``(claims folder, [(reference, [signatures]), ...])`` on stdin (from the parent's own
-    ``compile_ahead``) that it claims in that folder, into the disk cache; nothing (stdin closed empty): exit."""
+def _first_compile(numba) -> None:
+    """What a process's first compiles pay once (Numba's CPU target and its array support: ~0.3-0.5 s), paid on a
+    throw-away loop over an array (not cached)."""
+    import numpy as np
+
+    def total(a):
+        s = a.dtype.type(0)
+        for i in range(a.shape[0]):
+            s += a[i] * a[i]
+        return s
+    numba.njit(total)(np.ones(2, np.float32))
+
+
+def _helper_main(flags=()) -> int:
+    """The helper process: Numba loaded first (its jobs may not be known yet: ``start_early``; then, while it
+    waits, it pays Numba's one-time set-up too: ``_first_compile``), then compile the kernels of the pickled
+    ``(claims folder, [(reference, [signatures]), ...])`` on stdin (from the parent's own ``compile_ahead``)
+    that it claims in that folder, into the disk cache; nothing (stdin closed empty): exit."""
     import pickle
 
     from ..kernels import _jit     # configures Numba before the pickled Numba types import it
 
-    if not lock_cache_saves(_jit.load_numba()):
+    numba = _jit.load_numba()
+    if not lock_cache_saves(numba):
         print("edgetrain: this Numba has no IndexDataCacheFile.save to lock", file=sys.stderr)
         return 3
+    if "early" in flags:
+        _first_compile(numba)
     payload = sys.stdin.buffer.read()
     if not payload:
         return 0
