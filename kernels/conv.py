@@ -25,7 +25,7 @@ from edgetrain.ops.conv import (
 
 from edgetrain import parallel
 
-from . import bindable
+from . import bindable, in_turn
 from ._gemm_threads import per_image, split
 from ._jit import jit
 
@@ -294,9 +294,10 @@ def conv(ctx):
         cols, planes = arrays[n_in + 1:n_in + 3]          # a padded plane per slice of the batch
         x = arrays[0].reshape(x4)
         if planes.shape[0] == 1:
-            return with_bias(*_then((_im2col, (x, cols, planes[0], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False)),
-                                    (np.matmul, (arrays[1].reshape(w_shape), cols.reshape(cols_shape),
-                                                 arrays[n_in].reshape(y_shape)))), arrays)
+            return with_bias(*in_turn([(_im2col, (x, cols, planes[0], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow,
+                                                  False)),
+                                       (np.matmul, (arrays[1].reshape(w_shape), cols.reshape(cols_shape),
+                                                    arrays[n_in].reshape(y_shape)))]), arrays)
         im2col = _over_images(_im2col, n, planes.shape[0], lambda lo, hi, k: (
             x[lo:hi], cols[lo:hi], planes[k], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False))
         gemm = per_image(np.matmul, arrays[1].reshape(w_shape), cols.reshape(cols_shape),
