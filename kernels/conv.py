@@ -25,7 +25,7 @@ from edgetrain.ops.conv import (
 
 from edgetrain import parallel
 
-from . import bindable
+from . import bindable, in_turn
 from ._gemm_threads import per_image, split
 from ._jit import jit
 
@@ -213,7 +213,11 @@ def _over_images(kernel, n: int, slots: int, args_of):
 
     def work(slot, lo, hi):
         kernel(*args_of(lo, hi, slot))
-    return parallel.split, (n, work, 1, slots)
+
+    def run():
+        parallel.split(n, work, 1, slots)
+    run.kernel_calls = ((kernel, args_of(0, n, 0)),)     # a slice's types are the whole batch's
+    return run, ()
 
 
 def _then(*calls):
@@ -221,6 +225,7 @@ def _then(*calls):
     def run():
         for fn, args in calls:
             fn(*args)
+    run.kernel_calls = calls
     return run, ()
 
 
@@ -230,12 +235,8 @@ def _add_bias(fn, args, y, bias):
     def run():
         fn(*args)
         np.add(y, bias, out=y)
+    run.kernel_calls = ((fn, args),)
     return run, ()
-
-
-def _im2col_matmul(x, cols, plane, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, w, cols_g, y):
-    _im2col(x, cols, plane, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False)
-    np.matmul(w, cols_g, out=y)
 
 
 def conv(ctx):
@@ -293,9 +294,10 @@ def conv(ctx):
         cols, planes = arrays[n_in + 1:n_in + 3]          # a padded plane per slice of the batch
         x = arrays[0].reshape(x4)
         if planes.shape[0] == 1:
-            return with_bias(_im2col_matmul, (x, cols, planes[0], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow,
-                                              arrays[1].reshape(w_shape), cols.reshape(cols_shape),
-                                              arrays[n_in].reshape(y_shape)), arrays)
+            return with_bias(*in_turn([(_im2col, (x, cols, planes[0], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow,
+                                                  False)),
+                                       (np.matmul, (arrays[1].reshape(w_shape), cols.reshape(cols_shape),
+                                                    arrays[n_in].reshape(y_shape)))]), arrays)
         im2col = _over_images(_im2col, n, planes.shape[0], lambda lo, hi, k: (
             x[lo:hi], cols[lo:hi], planes[k], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, False))
         gemm = per_image(np.matmul, arrays[1].reshape(w_shape), cols.reshape(cols_shape),
@@ -497,6 +499,8 @@ def conv_grad(ctx):
                     _conv_direct_grad(*call)
                 if bias is not None:
                     _bias_grad(*bias)
+            run.kernel_calls = ([(_conv_direct_grad, call)] if want_dx or want_dw else []) + \
+                ([(_bias_grad, bias)] if bias is not None else [])
             return run, ()
         return bind_direct
 
@@ -558,6 +562,8 @@ def conv_grad(ctx):
                     col2im[0](*col2im[1])
                 for dst, src in back:
                     np.copyto(dst, src)
+        run.kernel_calls = [c for c in (im2col, (_bias_grad, bias) if bias is not None else None, col2im)
+                            if c is not None] + (weight or []) + (dx_call or [])
         return run, ()
     return bind
 

@@ -123,6 +123,7 @@ def _then(fn, args, after, after_args):
         chosen[0](*after_args)
         if chosen[0] is after:
             chosen[0] = direct(after, after_args)
+    run.kernel_calls = ((fn, args), (after, after_args))
     return run, ()
 
 

@@ -279,6 +279,9 @@ def batch_norm(ctx):
                 _copy_stats(stats, 0, saved_mean)
             if saved_inv is not None:
                 _inv_std(stats, eps, saved_inv)
+        run.kernel_calls = [(_channel_stats, (x3, stats)), (_bn_train_apply, apply)] + \
+            ([(_copy_stats, (stats, 0, saved_mean))] if saved_mean is not None else []) + \
+            ([(_inv_std, (stats, eps, saved_inv))] if saved_inv is not None else [])
         return run, ()
     return bind_training
 

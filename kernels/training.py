@@ -95,6 +95,7 @@ def adamw(ctx):
                 updated[0] = True
             for out, src in copies:
                 np.copyto(out, src)
+        run.kernel_calls = ((_adamw, call),)
         return run, ()
     return bind
 

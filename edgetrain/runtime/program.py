@@ -10,6 +10,7 @@ has compiled every kernel, each jitted call is replaced by the code its fixed ar
 from __future__ import annotations
 
 import importlib
+import weakref
 
 import numpy as np
 
@@ -20,6 +21,8 @@ from .. import parallel
 from ..plan import Plan
 from .threads import limit_blas_threads
 
+_UNRUN: weakref.WeakSet = weakref.WeakSet()     # programs made that have not run yet (their kernels compile
+                                                # ahead with the first program that runs: parallel_compile)
 SPLIT_ELEMENTS = 1 << 18    # fused loops this large (~0.1 ms) run in blocks on the intra-op threads (a hand-off
                             # costs tens of us)
 
@@ -103,6 +106,7 @@ class Program:
         self._narrowed = [(out, self.values[name]) for out, name in zip(self.outputs, spec.output_names)
                           if name in spec.declared]
         self._direct = False
+        _UNRUN.add(self)
 
     def _aliases(self, step) -> dict[str, str]:
         """Inputs of a fused step stored where one of its outputs is (the planner's in-place reuse, or an
@@ -127,7 +131,11 @@ class Program:
         def work(_slot, lo, hi):
             fn(*[a[lo:hi] if cut else a for a, cut in zip(args, sliced)])
         rows = max(1, SPLIT_ELEMENTS // max(1, size // n0) // 2)
-        return parallel.split, (n0, work, rows)
+
+        def run():
+            parallel.split(n0, work, rows)
+        run.kernel_calls = ((fn, tuple(args)),)      # a slice's types are the whole array's
+        return run, ()
 
     def _view(self, offset: int, t) -> np.ndarray:
         return self.arena[offset:offset + t.nbytes].view(t.dtype).reshape(t.shape)
@@ -146,7 +154,8 @@ class Program:
             else:
                 np.copyto(slot, x)
         if not self._direct:
-            parallel_compile.compile_ahead(self.calls)
+            _UNRUN.discard(self)
+            parallel_compile.compile_ahead(self.calls + [c for p in list(_UNRUN) for c in p.calls])
         for fn, args in self.calls:
             fn(*args)
         if not self._direct:

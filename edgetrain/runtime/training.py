@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import budget
+from ..codegen import parallel_compile
 from ..errors import EdgetrainError
 from ..ir import Graph, TensorType
 from ..ops import node_attr
@@ -104,6 +105,7 @@ class TrainingProgram:
 
     def __init__(self, train: Graph, values: dict[str, np.ndarray | None], eval_graph: Graph | None = None,
                  max_memory: int | None = None):
+        parallel_compile.start_early()      # a first process ever: the compile helper starts while this plans
         known = set(values)
         self.train_io = ModelIO.of(train, known)
         declared = {v.name: v for v in train.inputs}
