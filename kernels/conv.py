@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgetrain.ops.conv import (
+    batch_gemm,
     col2im_geometry,
     conv_geometry,
     conv_grad_layout,
@@ -287,6 +288,19 @@ def conv(ctx):
             return with_bias(*per_image(np.matmul, arrays[1].reshape(w_shape), arrays[0].reshape(cols_shape),
                                         arrays[n_in].reshape(y_shape)), arrays)
         return bind_pointwise
+
+    if batch_gemm(g):
+        @bindable
+        def bind_batch(*arrays):
+            cols, planes, rows = arrays[n_in + 1:n_in + 4]
+            x = arrays[0].reshape(x4)
+            im2col = _over_images(_im2col, n, planes.shape[0], lambda lo, hi, k: (
+                x[lo:hi], cols[:, lo:hi], planes[k], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, True))
+            gemm = split(np.matmul, arrays[1].reshape(m, ckk), cols.reshape(ckk, n * ohw),
+                         rows.reshape(m, n * ohw))
+            out = (np.copyto, (arrays[n_in].reshape(n, m, ohw), rows.swapaxes(0, 1)))
+            return with_bias(*_then(im2col, gemm, out), arrays)
+        return bind_batch
 
     @bindable
     def bind_gemm(*arrays):
