@@ -501,6 +501,65 @@ def _conv_direct_grad(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw, group,
 
 
 @jit(fastmath=True)
+def _conv_direct_grad_stacked(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw, group, hp, dh, dw, ph, pw):
+    """``_conv_direct_grad`` with unit strides for small planes (``_conv_direct_stacked``): per input channel the
+    images' padded X planes are stacked in ``xp`` ([images * hp, wp]) and their dY planes in ``dyp`` on the same
+    rows (zeros in the pads and between images), so each tap is one dot product (dW, over the whole batch) or
+    one multiply-add (dX, into the stacked ``dxp``) over all of them."""
+    n_batch, c_in = x.shape[0], x.shape[1]
+    m_out, _, kh, kw = wt.shape
+    oh, ow = dy.shape[2], dy.shape[3]
+    h, w = x.shape[2], x.shape[3]
+    wp = xp.shape[1]
+    size = n_batch * hp * wp
+    xpf = xp.reshape(xp.shape[0] * wp)
+    dxpf = dxp.reshape(dxp.shape[0] * wp)
+    mg = m_out // group
+    span = ((n_batch - 1) * hp + oh - 1) * wp + ow
+    zero = dy.dtype.type(0)
+    for k in range(size):             # the pads are the same cells for every channel: zeroed once
+        xpf[k] = 0
+        dyp[k] = 0
+    for c in range(c_in):
+        if want_dw:
+            for n in range(n_batch):
+                src = x[n, c]
+                for r in range(h):
+                    dst = xp[n * hp + ph + r, pw:pw + w]
+                    row = src[r]
+                    for k in range(w):
+                        dst[k] = row[k]
+        if want_dx:
+            for k in range(size):
+                dxpf[k] = 0
+        for m in range(c * mg, (c + 1) * mg):
+            for n in range(n_batch):
+                g = dy[n, m]
+                for oy in range(oh):
+                    row = dyp[(n * hp + oy) * wp:(n * hp + oy) * wp + ow]
+                    src = g[oy]
+                    for k in range(ow):
+                        row[k] = src[k]
+            for i in range(kh):
+                for j in range(kw):
+                    shift = i * dh * wp + j * dw
+                    if want_dw:
+                        s = zero
+                        xs = xpf[shift:shift + span]
+                        for k in range(span):
+                            s += dyp[k] * xs[k]
+                        dwt[m, 0, i, j] = s
+                    if want_dx:
+                        wv = wt[m, 0, i, j]
+                        dst = dxpf[shift:shift + span]
+                        for k in range(span):
+                            dst[k] += wv * dyp[k]
+        if want_dx:
+            for n in range(n_batch):
+                _crop_plane(dxp[n * hp:(n + 1) * hp], dx[n, c], ph, pw)
+
+
+@jit(fastmath=True)
 def _bias_grad(dy, db):
     """db[m] = sum of dy[n, m, :] over n (each row summed in the element type, rows in float64)."""
     n_batch, m_out, size = dy.shape
@@ -545,6 +604,7 @@ def conv_grad(ctx):
 
     if g.direct:
         none4 = np.zeros((1, 1, 1, 1), dtype)   # stands in for an output nobody wants (never touched)
+        stacked = stacked_planes(g)
 
         @bindable
         def bind_direct(*args):
@@ -552,13 +612,15 @@ def conv_grad(ctx):
             xp, dxp, dyp = args[3 + n_out:]
             dx = args[3].reshape(x4) if want_dx else none4
             dwt = args[4].reshape(w4) if want_dw else none4
+            kernel = _conv_direct_grad_stacked if stacked else _conv_direct_grad
+            geometry = (xp.shape[0] // n,) if stacked else (sh, sw)
             call = (x.reshape(x4), w.reshape(w4), dy.reshape(y4), dx, dwt, xp, dxp, dyp, want_dx, want_dw,
-                    group, sh, sw, dh, dw, ph, pw)
+                    group, *geometry, dh, dw, ph, pw)
             bias = (dy.reshape(y3), args[5]) if want_db else None
 
             def run():
                 if want_dx or want_dw:
-                    _conv_direct_grad(*call)
+                    kernel(*call)
                 if bias is not None:
                     _bias_grad(*bias)
             return run, ()

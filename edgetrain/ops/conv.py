@@ -307,13 +307,17 @@ def conv_grad_layout(ctx: NodeContext) -> dict[str, TensorType]:
     columns of X ("cols", [C*kh*kw, N*OH*OW], laid out by im2col through a padded "plane"; then reused for
     dX's columns) and dY with the batch axis moved next to the pixels ("dy_t", [M, N*OH*OW]; so X too, "x_t",
     when it is its own column matrix, which then takes dX's transpose). For one image those are views of dY
-    and X. Direct path: padded planes of X and dX, and one dY plane on the padded width."""
+    and X. Direct path: padded planes of X and dX, and one dY plane on the padded width (``stacked_planes``:
+    the whole batch's, one above the other)."""
     g = conv_geometry(ctx, 1, 2, None)
     want_dx, want_dw, _ = conv_grad_outputs(ctx)
     dtype = ctx.type(1).dtype
     w = g.window
     padded = (g.in_hw[0] + w.pads_begin[0] + w.pads_end[0], g.in_hw[1] + w.pads_begin[1] + w.pads_end[1])
     plane = TensorType(dtype, padded)
+    if stacked_planes(g):     # the batch's padded planes one above the other, dY's on the same rows
+        tall = TensorType(dtype, (g.n * padded[0], padded[1]))
+        return {"plane": tall, "dx_plane": tall, "dy_row": TensorType(dtype, (g.n * padded[0] * padded[1],))}
     if g.direct:
         return {"plane": plane, "dx_plane": plane, "dy_row": TensorType(dtype, (w.out[0] * padded[1],))}
     plane = TensorType(dtype, (image_slots(g),) + padded)        # one per slice of the batch run at once
