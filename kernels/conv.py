@@ -501,12 +501,14 @@ def _conv_direct_grad(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw, group,
 
 
 @jit(fastmath=True)
-def _conv_direct_grad_stacked(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw, group, hp, dh, dw, ph, pw):
+def _conv_direct_grad_stacked(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw, group, hp, dh, dw, ph, pw,
+                              c_lo, c_hi):
     """``_conv_direct_grad`` with unit strides for small planes (``_conv_direct_stacked``): per input channel the
     images' padded X planes are stacked in ``xp`` ([images * hp, wp]) and their dY planes in ``dyp`` on the same
     rows (zeros in the pads and between images), so each tap is one dot product (dW, over the whole batch) or
-    one multiply-add (dX, into the stacked ``dxp``) over all of them."""
-    n_batch, c_in = x.shape[0], x.shape[1]
+    one multiply-add (dX, into the stacked ``dxp``) over all of them. Input channels ``c_lo`` to ``c_hi`` (and
+    their groups' outputs) only: a thread's share, on its own scratch."""
+    n_batch = x.shape[0]
     m_out, _, kh, kw = wt.shape
     oh, ow = dy.shape[2], dy.shape[3]
     h, w = x.shape[2], x.shape[3]
@@ -520,7 +522,7 @@ def _conv_direct_grad_stacked(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw
     for k in range(size):             # the pads are the same cells for every channel: zeroed once
         xpf[k] = 0
         dyp[k] = 0
-    for c in range(c_in):
+    for c in range(c_lo, c_hi):
         if want_dw:
             for n in range(n_batch):
                 src = x[n, c]
@@ -612,15 +614,21 @@ def conv_grad(ctx):
             xp, dxp, dyp = args[3 + n_out:]
             dx = args[3].reshape(x4) if want_dx else none4
             dwt = args[4].reshape(w4) if want_dw else none4
-            kernel = _conv_direct_grad_stacked if stacked else _conv_direct_grad
-            geometry = (xp.shape[0] // n,) if stacked else (sh, sw)
             call = (x.reshape(x4), w.reshape(w4), dy.reshape(y4), dx, dwt, xp, dxp, dyp, want_dx, want_dw,
-                    group, *geometry, dh, dw, ph, pw)
+                    group, sh, sw, dh, dw, ph, pw)
+            grad = _conv_direct_grad, call
+            if stacked:      # a scratch plane set per thread (leading axis), each thread a block of channels
+                def channels(slot, lo, hi):
+                    return (*call[:5], xp[slot], dxp[slot], dyp[slot], want_dx, want_dw, group, xp.shape[1] // n,
+                            dh, dw, ph, pw, lo, hi)
+                grad = (_conv_direct_grad_stacked, channels(0, 0, c)) if xp.shape[0] == 1 else (
+                    parallel.split, (c, lambda slot, lo, hi: _conv_direct_grad_stacked(*channels(slot, lo, hi)), 1,
+                                     xp.shape[0]))
             bias = (dy.reshape(y3), args[5]) if want_db else None
 
             def run():
                 if want_dx or want_dw:
-                    kernel(*call)
+                    grad[0](*grad[1])
                 if bias is not None:
                     _bias_grad(*bias)
             return run, ()

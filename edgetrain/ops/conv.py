@@ -243,6 +243,13 @@ def stacked_planes(g: ConvGeometry) -> bool:
     return g.direct and g.window.strides == (1, 1) and hp * wp <= STACK_PLANE
 
 
+def channel_slots(g: ConvGeometry) -> int:
+    """How many blocks of input channels the stacked depthwise gradient runs at once (``edgetrain.parallel``):
+    dW and dX, twice a Conv's multiply-adds, against ``SPLIT_WORK``."""
+    work = 2 * g.n * g.m * g.ohw * g.ckk // max(1, g.group)
+    return max(1, min(config.num_threads(), g.c)) if work >= SPLIT_WORK else 1
+
+
 def conv_workspace(ctx: NodeContext):
     """Scratch of ``kernels.conv.conv``: the im2col matrix of the whole batch and a zero-padded input plane
     (GEMM path); the padded plane split into its stride phases, [sh * sw, ceil(hp / sh), ceil(wp / sw)], and
@@ -315,9 +322,11 @@ def conv_grad_layout(ctx: NodeContext) -> dict[str, TensorType]:
     w = g.window
     padded = (g.in_hw[0] + w.pads_begin[0] + w.pads_end[0], g.in_hw[1] + w.pads_begin[1] + w.pads_end[1])
     plane = TensorType(dtype, padded)
-    if stacked_planes(g):     # the batch's padded planes one above the other, dY's on the same rows
-        tall = TensorType(dtype, (g.n * padded[0], padded[1]))
-        return {"plane": tall, "dx_plane": tall, "dy_row": TensorType(dtype, (g.n * padded[0] * padded[1],))}
+    if stacked_planes(g):     # the batch's padded planes one above the other, dY's on the same rows; a set per
+        slots = channel_slots(g)      # thread, each thread running a block of channels
+        tall = TensorType(dtype, (slots, g.n * padded[0], padded[1]))
+        return {"plane": tall, "dx_plane": tall,
+                "dy_row": TensorType(dtype, (slots, g.n * padded[0] * padded[1]))}
     if g.direct:
         return {"plane": plane, "dx_plane": plane, "dy_row": TensorType(dtype, (w.out[0] * padded[1],))}
     plane = TensorType(dtype, (image_slots(g),) + padded)        # one per slice of the batch run at once
