@@ -505,9 +505,9 @@ def _conv_direct_grad_stacked(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw
                               c_lo, c_hi):
     """``_conv_direct_grad`` with unit strides for small planes (``_conv_direct_stacked``): per input channel the
     images' padded X planes are stacked in ``xp`` ([images * hp, wp]) and their dY planes in ``dyp`` on the same
-    rows (zeros in the pads and between images), so each tap is one dot product (dW, over the whole batch) or
-    one multiply-add (dX, into the stacked ``dxp``) over all of them. Input channels ``c_lo`` to ``c_hi`` (and
-    their groups' outputs) only: a thread's share, on its own scratch."""
+    rows (zeros in the pads and between images), so each tap is one multiply-add (dX, into the stacked ``dxp``)
+    over all of them, and a dot product per image (dW: the per-plane kernel's sums, in its order). Input channels
+    ``c_lo`` to ``c_hi`` (and their groups' outputs) only: a thread's share, on its own scratch."""
     n_batch = x.shape[0]
     m_out, _, kh, kw = wt.shape
     oh, ow = dy.shape[2], dy.shape[3]
@@ -518,6 +518,7 @@ def _conv_direct_grad_stacked(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw
     dxpf = dxp.reshape(dxp.shape[0] * wp)
     mg = m_out // group
     span = ((n_batch - 1) * hp + oh - 1) * wp + ow
+    one = (oh - 1) * wp + ow          # one image's share of the span
     zero = dy.dtype.type(0)
     for k in range(size):             # the pads are the same cells for every channel: zeroed once
         xpf[k] = 0
@@ -545,12 +546,17 @@ def _conv_direct_grad_stacked(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw
             for i in range(kh):
                 for j in range(kw):
                     shift = i * dh * wp + j * dw
-                    if want_dw:
-                        s = zero
-                        xs = xpf[shift:shift + span]
-                        for k in range(span):
-                            s += dyp[k] * xs[k]
-                        dwt[m, 0, i, j] = s
+                    if want_dw:         # image by image, summed in image order: the per-plane kernel's bits
+                        total = zero
+                        for n in range(n_batch):
+                            base = n * hp * wp
+                            s = zero
+                            xs = xpf[base + shift:base + shift + one]
+                            gs = dyp[base:base + one]
+                            for k in range(one):
+                                s += gs[k] * xs[k]
+                            total += s
+                        dwt[m, 0, i, j] = total
                     if want_dx:
                         wv = wt[m, 0, i, j]
                         dst = dxpf[shift:shift + span]
