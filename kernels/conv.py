@@ -526,12 +526,12 @@ def _conv_direct_grad_stacked(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw
     for c in range(c_lo, c_hi):
         if want_dw:
             for n in range(n_batch):
-                src = x[n, c]
+                plane = x[n, c]        # (names typed once each: the trimmed build's compiler will not unify)
                 for r in range(h):
-                    dst = xp[n * hp + ph + r, pw:pw + w]
-                    row = src[r]
+                    into = xp[n * hp + ph + r, pw:pw + w]
+                    line = plane[r]
                     for k in range(w):
-                        dst[k] = row[k]
+                        into[k] = line[k]
         if want_dx:
             for k in range(size):
                 dxpf[k] = 0
