@@ -16,11 +16,13 @@ from __future__ import annotations
 import numpy as np
 
 from edgetrain.ops.conv import (
+    batch_gemm,
     col2im_geometry,
     conv_geometry,
     conv_grad_layout,
     conv_grad_outputs,
     conv_transpose_geometry,
+    stacked_planes,
 )
 
 from edgetrain import parallel
@@ -116,14 +118,71 @@ def _phase_split(src, phases, sh, sw, ph, pw):
                     o[k] = sb[U(k) * U(sw)]
 
 
+@jit(inline="always")
+def _tap_passes(pf, wm, offsets, acc, span):
+    """acc[k] = sum over taps t of wm[t] * pf[offsets[t] + k], k < span. Taps go six at a time: one pass over
+    acc per six taps, and at most seven arrays per loop, which LLVM still vectorizes with runtime alias checks
+    (nine taps at once it leaves scalar)."""
+    taps = wm.shape[0]
+    t = 0
+    while t < taps:
+        if taps - t >= 6:
+            w0, w1, w2, w3, w4, w5 = wm[t], wm[t + 1], wm[t + 2], wm[t + 3], wm[t + 4], wm[t + 5]
+            o = offsets[t]
+            s0 = pf[o:o + span]
+            o = offsets[t + 1]
+            s1 = pf[o:o + span]
+            o = offsets[t + 2]
+            s2 = pf[o:o + span]
+            o = offsets[t + 3]
+            s3 = pf[o:o + span]
+            o = offsets[t + 4]
+            s4 = pf[o:o + span]
+            o = offsets[t + 5]
+            s5 = pf[o:o + span]
+            if t == 0:
+                for k in range(span):
+                    acc[k] = (w0 * s0[k] + w1 * s1[k] + w2 * s2[k]) + (w3 * s3[k] + w4 * s4[k]
+                                                                       + w5 * s5[k])
+            else:
+                for k in range(span):
+                    acc[k] += (w0 * s0[k] + w1 * s1[k] + w2 * s2[k]) + (w3 * s3[k] + w4 * s4[k]
+                                                                        + w5 * s5[k])
+            t += 6
+        elif taps - t >= 3:
+            w0, w1, w2 = wm[t], wm[t + 1], wm[t + 2]
+            o = offsets[t]
+            s0 = pf[o:o + span]
+            o = offsets[t + 1]
+            s1 = pf[o:o + span]
+            o = offsets[t + 2]
+            s2 = pf[o:o + span]
+            if t == 0:
+                for k in range(span):
+                    acc[k] = w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
+            else:
+                for k in range(span):
+                    acc[k] += w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
+            t += 3
+        else:
+            w0 = wm[t]
+            o = offsets[t]
+            s0 = pf[o:o + span]
+            if t == 0:
+                for k in range(span):
+                    acc[k] = w0 * s0[k]
+            else:
+                for k in range(span):
+                    acc[k] += w0 * s0[k]
+            t += 1
+
+
 @jit(fastmath=True)
 def _conv_direct(x, wt, y, phases, acc, offsets, group, sh, sw, ph, pw):
     """Convolution with one input channel per group (depthwise, or C_in = 1). Each input plane is split into
     its stride phases once (``_phase_split``); every tap t is then one unit-stride multiply-add over the
-    flattened phases from ``offsets[t]`` (``tap_offsets``) into ``acc``, whose rows are ``wq`` wide (the extra
-    columns are dropped when copying out).
-    Taps go six at a time: one pass over acc per six taps, and at most seven arrays per loop, which LLVM still
-    vectorizes with runtime alias checks (nine taps at once it leaves scalar)."""
+    flattened phases from ``offsets[t]`` (``tap_offsets``) into ``acc`` (``_tap_passes``), whose rows are ``wq``
+    wide (the extra columns are dropped when copying out)."""
     n_batch, c_in = x.shape[0], x.shape[1]
     m_out, _, kh, kw = wt.shape
     oh, ow = y.shape[2], y.shape[3]
@@ -136,62 +195,46 @@ def _conv_direct(x, wt, y, phases, acc, offsets, group, sh, sw, ph, pw):
         for c in range(c_in):
             _phase_split(x[n, c], phases, sh, sw, ph, pw)
             for m in range(c * mg, (c + 1) * mg):
-                wm = wt[m, 0].reshape(taps)
-                t = 0
-                while t < taps:
-                    if taps - t >= 6:
-                        w0, w1, w2, w3, w4, w5 = wm[t], wm[t + 1], wm[t + 2], wm[t + 3], wm[t + 4], wm[t + 5]
-                        o = offsets[t]
-                        s0 = pf[o:o + span]
-                        o = offsets[t + 1]
-                        s1 = pf[o:o + span]
-                        o = offsets[t + 2]
-                        s2 = pf[o:o + span]
-                        o = offsets[t + 3]
-                        s3 = pf[o:o + span]
-                        o = offsets[t + 4]
-                        s4 = pf[o:o + span]
-                        o = offsets[t + 5]
-                        s5 = pf[o:o + span]
-                        if t == 0:
-                            for k in range(span):
-                                acc[k] = (w0 * s0[k] + w1 * s1[k] + w2 * s2[k]) + (w3 * s3[k] + w4 * s4[k]
-                                                                                   + w5 * s5[k])
-                        else:
-                            for k in range(span):
-                                acc[k] += (w0 * s0[k] + w1 * s1[k] + w2 * s2[k]) + (w3 * s3[k] + w4 * s4[k]
-                                                                                    + w5 * s5[k])
-                        t += 6
-                    elif taps - t >= 3:
-                        w0, w1, w2 = wm[t], wm[t + 1], wm[t + 2]
-                        o = offsets[t]
-                        s0 = pf[o:o + span]
-                        o = offsets[t + 1]
-                        s1 = pf[o:o + span]
-                        o = offsets[t + 2]
-                        s2 = pf[o:o + span]
-                        if t == 0:
-                            for k in range(span):
-                                acc[k] = w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
-                        else:
-                            for k in range(span):
-                                acc[k] += w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
-                        t += 3
-                    else:
-                        w0 = wm[t]
-                        o = offsets[t]
-                        s0 = pf[o:o + span]
-                        if t == 0:
-                            for k in range(span):
-                                acc[k] = w0 * s0[k]
-                        else:
-                            for k in range(span):
-                                acc[k] += w0 * s0[k]
-                        t += 1
+                _tap_passes(pf, wt[m, 0].reshape(taps), offsets, acc, span)
                 out = y[n, m]
                 for oy in range(oh):
                     dst = out[oy]
                     a = acc[oy * wq:oy * wq + ow]
+                    for k in range(ow):
+                        dst[k] = a[k]
+
+
+@jit(fastmath=True)
+def _conv_direct_stacked(x, wt, y, tall, acc, offsets, group, hp, ph, pw):
+    """``_conv_direct`` with unit strides for small planes: per input channel the padded planes of all the images
+    are stacked into ``tall`` ([images * hp, wp]), and each tap is one pass over all of them (the rows between
+    two images' outputs are computed and dropped). A 7x7 plane alone is a 61-element pass per six taps, where the
+    loops' set-up costs more than the arithmetic (MobileNetV2's 960-channel 7x7 layers: 1 GFMA/s)."""
+    n_batch, c_in = x.shape[0], x.shape[1]
+    m_out, _, kh, kw = wt.shape
+    oh, ow = y.shape[2], y.shape[3]
+    wp = tall.shape[1]
+    pf = tall.reshape(tall.shape[0] * wp)
+    mg = m_out // group
+    span = ((n_batch - 1) * hp + oh - 1) * wp + ow
+    h, w = x.shape[2], x.shape[3]
+    for k in range(pf.shape[0]):      # the pads are the same cells for every channel: zeroed once
+        pf[k] = 0
+    for c in range(c_in):
+        for n in range(n_batch):
+            src = x[n, c]
+            for r in range(h):
+                dst = tall[n * hp + ph + r, pw:pw + w]
+                row = src[r]
+                for k in range(w):
+                    dst[k] = row[k]
+        for m in range(c * mg, (c + 1) * mg):
+            _tap_passes(pf, wt[m, 0].reshape(kh * kw), offsets, acc, span)
+            for n in range(n_batch):
+                out = y[n, m]
+                for oy in range(oh):
+                    dst = out[oy]
+                    a = acc[(n * hp + oy) * wp:(n * hp + oy) * wp + ow]
                     for k in range(ow):
                         dst[k] = a[k]
 
@@ -265,11 +308,19 @@ def conv(ctx):
         return _add_bias(fn, args, arrays[n_in].reshape(y4), arrays[2].reshape(bias_shape))
 
     if g.direct:
+        stacked = stacked_planes(g)
+
         @bindable
         def bind_direct(*arrays):
             phases, acc = arrays[n_in + 1:n_in + 3]          # one of each per slice of the batch
             offsets = tap_offsets(win.kernel, win.strides, win.dilations, phases.shape[2:])
             x, wt, y = arrays[0].reshape(x4), arrays[1].reshape(w4), arrays[n_in].reshape(y4)
+            if stacked:
+                hp = phases.shape[2] // n
+                offsets = tap_offsets(win.kernel, win.strides, win.dilations, (hp, phases.shape[3]))
+                fn, args = _over_images(_conv_direct_stacked, n, phases.shape[0], lambda lo, hi, k: (
+                    x[lo:hi], wt, y[lo:hi], phases[k, 0], acc[k], offsets, group, hp, ph, pw))
+                return with_bias(fn, args, arrays)
             fn, args = _over_images(_conv_direct, n, phases.shape[0], lambda lo, hi, k: (
                 x[lo:hi], wt, y[lo:hi], phases[k], acc[k], offsets, group, sh, sw, ph, pw))
             return with_bias(fn, args, arrays)
@@ -288,6 +339,19 @@ def conv(ctx):
             return with_bias(*per_image(np.matmul, arrays[1].reshape(w_shape), arrays[0].reshape(cols_shape),
                                         arrays[n_in].reshape(y_shape)), arrays)
         return bind_pointwise
+
+    if batch_gemm(g):
+        @bindable
+        def bind_batch(*arrays):
+            cols, planes, rows = arrays[n_in + 1:n_in + 4]
+            x = arrays[0].reshape(x4)
+            im2col = _over_images(_im2col, n, planes.shape[0], lambda lo, hi, k: (
+                x[lo:hi], cols[:, lo:hi], planes[k], kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, True))
+            gemm = split(np.matmul, arrays[1].reshape(m, ckk), cols.reshape(ckk, n * ohw),
+                         rows.reshape(m, n * ohw))
+            out = (np.copyto, (arrays[n_in].reshape(n, m, ohw), rows.swapaxes(0, 1)))
+            return with_bias(*_then(im2col, gemm, out), arrays)
+        return bind_batch
 
     @bindable
     def bind_gemm(*arrays):
@@ -439,6 +503,73 @@ def _conv_direct_grad(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw, group,
 
 
 @jit(fastmath=True)
+def _conv_direct_grad_stacked(x, wt, dy, dx, dwt, xp, dxp, dyp, want_dx, want_dw, group, hp, dh, dw, ph, pw,
+                              c_lo, c_hi):
+    """``_conv_direct_grad`` with unit strides for small planes (``_conv_direct_stacked``): per input channel the
+    images' padded X planes are stacked in ``xp`` ([images * hp, wp]) and their dY planes in ``dyp`` on the same
+    rows (zeros in the pads and between images), so each tap is one multiply-add (dX, into the stacked ``dxp``)
+    over all of them, and a dot product per image (dW: the per-plane kernel's sums, in its order). Input channels
+    ``c_lo`` to ``c_hi`` (and their groups' outputs) only: a thread's share, on its own scratch."""
+    n_batch = x.shape[0]
+    m_out, _, kh, kw = wt.shape
+    oh, ow = dy.shape[2], dy.shape[3]
+    h, w = x.shape[2], x.shape[3]
+    wp = xp.shape[1]
+    size = n_batch * hp * wp
+    xpf = xp.reshape(xp.shape[0] * wp)
+    dxpf = dxp.reshape(dxp.shape[0] * wp)
+    mg = m_out // group
+    span = ((n_batch - 1) * hp + oh - 1) * wp + ow
+    one = (oh - 1) * wp + ow          # one image's share of the span
+    zero = dy.dtype.type(0)
+    for k in range(size):             # the pads are the same cells for every channel: zeroed once
+        xpf[k] = 0
+        dyp[k] = 0
+    for c in range(c_lo, c_hi):
+        if want_dw:
+            for n in range(n_batch):
+                plane = x[n, c]        # (names typed once each: the trimmed build's compiler will not unify)
+                for r in range(h):
+                    into = xp[n * hp + ph + r, pw:pw + w]
+                    line = plane[r]
+                    for k in range(w):
+                        into[k] = line[k]
+        if want_dx:
+            for k in range(size):
+                dxpf[k] = 0
+        for m in range(c * mg, (c + 1) * mg):
+            for n in range(n_batch):
+                g = dy[n, m]
+                for oy in range(oh):
+                    row = dyp[(n * hp + oy) * wp:(n * hp + oy) * wp + ow]
+                    src = g[oy]
+                    for k in range(ow):
+                        row[k] = src[k]
+            for i in range(kh):
+                for j in range(kw):
+                    shift = i * dh * wp + j * dw
+                    if want_dw:         # image by image, summed in image order: the per-plane kernel's bits
+                        total = zero
+                        for n in range(n_batch):
+                            base = n * hp * wp
+                            s = zero
+                            xs = xpf[base + shift:base + shift + one]
+                            gs = dyp[base:base + one]
+                            for k in range(one):
+                                s += gs[k] * xs[k]
+                            total += s
+                        dwt[m, 0, i, j] = total
+                    if want_dx:
+                        wv = wt[m, 0, i, j]
+                        dst = dxpf[shift:shift + span]
+                        for k in range(span):
+                            dst[k] += wv * dyp[k]
+        if want_dx:
+            for n in range(n_batch):
+                _crop_plane(dxp[n * hp:(n + 1) * hp], dx[n, c], ph, pw)
+
+
+@jit(fastmath=True)
 def _bias_grad(dy, db):
     """db[m] = sum of dy[n, m, :] over n (each row summed in the element type, rows in float64)."""
     n_batch, m_out, size = dy.shape
@@ -483,6 +614,7 @@ def conv_grad(ctx):
 
     if g.direct:
         none4 = np.zeros((1, 1, 1, 1), dtype)   # stands in for an output nobody wants (never touched)
+        stacked = stacked_planes(g)
 
         @bindable
         def bind_direct(*args):
@@ -492,11 +624,19 @@ def conv_grad(ctx):
             dwt = args[4].reshape(w4) if want_dw else none4
             call = (x.reshape(x4), w.reshape(w4), dy.reshape(y4), dx, dwt, xp, dxp, dyp, want_dx, want_dw,
                     group, sh, sw, dh, dw, ph, pw)
+            grad = _conv_direct_grad, call
+            if stacked:      # a scratch plane set per thread (leading axis), each thread a block of channels
+                def channels(slot, lo, hi):
+                    return (*call[:5], xp[slot], dxp[slot], dyp[slot], want_dx, want_dw, group, xp.shape[1] // n,
+                            dh, dw, ph, pw, lo, hi)
+                grad = (_conv_direct_grad_stacked, channels(0, 0, c)) if xp.shape[0] == 1 else (
+                    parallel.split, (c, lambda slot, lo, hi: _conv_direct_grad_stacked(*channels(slot, lo, hi)), 1,
+                                     xp.shape[0]))
             bias = (dy.reshape(y3), args[5]) if want_db else None
 
             def run():
                 if want_dx or want_dw:
-                    _conv_direct_grad(*call)
+                    grad[0](*grad[1])
                 if bias is not None:
                     _bias_grad(*bias)
             run.kernel_calls = ([(_conv_direct_grad, call)] if want_dx or want_dw else []) + \

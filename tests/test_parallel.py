@@ -85,8 +85,9 @@ def test_fused_loops_split_over_threads_give_the_same_bits(monkeypatch, split_ca
     assert bool(calls) == bool(want)
 
 
-def _conv_training(tmp_path, group):
-    """Artifacts of x[4, 8, 20, 20] -> Conv 3x3 (stride 2 when depthwise) -> Relu -> mean -> MSE."""
+def _conv_training(tmp_path, group, side=20, stride=None):
+    """Artifacts of x[4, 8, side, side] -> Conv 3x3 (stride 2 when depthwise unless ``stride`` says) -> Relu ->
+    mean -> MSE."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -94,23 +95,23 @@ def _conv_training(tmp_path, group):
     rng = np.random.default_rng(group)
     c_w = 8 // group
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=group,
-                              strides=[2, 2] if group > 1 else [1, 1]),
+                              strides=[stride or (2 if group > 1 else 1)] * 2),
              helper.make_node("Relu", ["y"], ["r"]),
              helper.make_node("ReduceMean", ["r"], ["out"], axes=[2, 3], keepdims=0)]
-    g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8, 20, 20])],
+    g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8, side, side])],
                           [helper.make_tensor_value_info("out", TensorProto.FLOAT, [4, 8])],
                           [numpy_helper.from_array(rng.standard_normal((8, c_w, 3, 3)).astype(np.float32), "w")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     artifacts.generate_artifacts(m, requires_grad=["w"], loss=artifacts.LossType.MSELoss,
                                  optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path)
-    return rng.standard_normal((4, 8, 20, 20)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
+    return rng.standard_normal((4, 8, side, side)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
 
 
-@pytest.mark.parametrize("group", [1, 8])
-def test_conv_and_its_gradient_split_over_threads_agree(monkeypatch, split_calls, tmp_path, group):
-    """Conv (im2col + GEMM, and depthwise direct) and ConvGrad's im2col/col2im split over the batch at 2
-    threads, their GEMMs in blocks (per image, per row block): the same loss and gradient as at 1 thread, and
-    the split ran."""
+@pytest.mark.parametrize("group,side,stride", [(1, 20, 1), (8, 20, 2), (1, 6, 1), (8, 12, 1)])
+def test_conv_and_its_gradient_split_over_threads_agree(monkeypatch, split_calls, tmp_path, group, side, stride):
+    """Conv (im2col + GEMM per image, or one GEMM over the batch for small images; depthwise direct, per plane
+    or on stacked planes) and ConvGrad's im2col/col2im split over the batch at 2 threads, their GEMMs in blocks
+    (per image, per row block): the same loss and gradient as at 1 thread, and the split ran."""
     import numpy as np
 
     from edgetrain.api import CheckpointState, Module, Optimizer
@@ -119,7 +120,7 @@ def test_conv_and_its_gradient_split_over_threads_agree(monkeypatch, split_calls
     monkeypatch.setattr(conv, "SPLIT_WORK", 1)       # the test model is small: split anyway
     monkeypatch.setattr(_gemm_threads, "MIN_FLOPS", 0)   # ... and its GEMMs into blocks
     monkeypatch.setattr(_gemm_threads, "MIN_ROWS", 1)
-    x, y = _conv_training(tmp_path, group)
+    x, y = _conv_training(tmp_path, group, side, stride)
     calls = split_calls
     got = {}
     for threads in ("1", "2"):

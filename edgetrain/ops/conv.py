@@ -220,11 +220,48 @@ def image_slots(g: ConvGeometry) -> int:
     return max(1, min(config.num_threads(), g.n)) if work >= SPLIT_WORK else 1
 
 
+BATCH_GEMM_PIXELS = 64   # output pixels per image up to which a Conv's GEMM runs over the whole batch at once:
+                         # per image, W [M, C*kh*kw] times only this many columns is near a GEMV, W read once per
+                         # image (ResNet-18's 512-channel 3x3 at 2x2 pixels, batch 8: 13.6 ms per image, 3.1 ms as
+                         # one GEMM and a transposing copy; at 8x8 pixels 2.8 against 2.3 ms)
+
+
+def batch_gemm(g: ConvGeometry) -> bool:
+    """Whether ``kernels.conv.conv`` runs the GEMM path as one GEMM over the batch (``BATCH_GEMM_PIXELS``):
+    columns laid out [C*kh*kw, N, OH*OW] and Y's rows [M, N, OH*OW] in scratch, copied to Y's layout."""
+    return g.group == 1 and g.n > 1 and not g.pointwise and not g.direct and g.ohw <= BATCH_GEMM_PIXELS
+
+
+STACK_PLANE = 1024       # padded plane size (cells) up to which a unit-stride direct conv stacks the batch's
+                         # planes into one pass per tap (kernels.conv._conv_direct_stacked): 7x7 planes 5x, 14x14
+                         # 2.4x, 28x28 1.3x faster; at 56x56 on par
+
+
+def _padded(g: ConvGeometry) -> tuple[int, int]:
+    w = g.window
+    return g.in_hw[0] + w.pads_begin[0] + w.pads_end[0], g.in_hw[1] + w.pads_begin[1] + w.pads_end[1]
+
+
+def stacked_planes(g: ConvGeometry) -> bool:
+    """Whether ``kernels.conv.conv``'s direct path stacks the images' padded planes (``STACK_PLANE``)."""
+    hp, wp = _padded(g)
+    return g.direct and g.window.strides == (1, 1) and hp * wp <= STACK_PLANE
+
+
+def channel_slots(g: ConvGeometry) -> int:
+    """How many blocks of input channels the stacked depthwise gradient runs at once (``edgetrain.parallel``):
+    dW and dX, twice a Conv's multiply-adds, against ``SPLIT_WORK``."""
+    work = 2 * g.n * g.m * g.ohw * g.ckk // max(1, g.group)
+    return max(1, min(config.num_threads(), g.c)) if work >= SPLIT_WORK else 1
+
+
 def conv_workspace(ctx: NodeContext):
     """Scratch of ``kernels.conv.conv``: the im2col matrix of the whole batch and a zero-padded input plane
     (GEMM path); the padded plane split into its stride phases, [sh * sw, ceil(hp / sh), ceil(wp / sw)], and
     one output plane on the phases' width (direct path); nothing for a pointwise conv. The planes come once
-    per slice of the batch that runs at once (``image_slots``, leading axis)."""
+    per slice of the batch that runs at once (``image_slots``, leading axis); with ``stacked_planes`` each holds
+    the padded planes of a whole batch, one above the other. With ``batch_gemm`` the columns
+    are [C*kh*kw, N, OH*OW] and a third array holds the GEMM's result, [M, N, OH*OW]."""
     g = conv_geometry(ctx)
     if g.pointwise and not g.direct:
         return []
@@ -232,10 +269,16 @@ def conv_workspace(ctx: NodeContext):
     w = g.window
     padded = (g.in_hw[0] + w.pads_begin[0] + w.pads_end[0], g.in_hw[1] + w.pads_begin[1] + w.pads_end[1])
     slots = image_slots(g)
+    if stacked_planes(g):     # all the images' padded planes one above the other, and their outputs' rows
+        return [TensorType(dtype, (slots, 1, g.n * padded[0], padded[1])),
+                TensorType(dtype, (slots, g.n * padded[0] * padded[1]))]
     if g.direct:
         (sh, sw), oh = w.strides, w.out[0]
         phase = (-(-padded[0] // sh), -(-padded[1] // sw))
         return [TensorType(dtype, (slots, sh * sw) + phase), TensorType(dtype, (slots, oh * phase[1]))]
+    if batch_gemm(g):
+        return [TensorType(dtype, (g.ckk, g.n, g.ohw)), TensorType(dtype, (slots,) + padded),
+                TensorType(dtype, (g.m, g.n, g.ohw))]
     return [TensorType(dtype, (g.n, g.ckk, g.ohw)), TensorType(dtype, (slots,) + padded)]
 
 
@@ -276,13 +319,19 @@ def conv_grad_layout(ctx: NodeContext) -> dict[str, TensorType]:
     columns of X ("cols", [C*kh*kw, N*OH*OW], laid out by im2col through a padded "plane"; then reused for
     dX's columns) and dY with the batch axis moved next to the pixels ("dy_t", [M, N*OH*OW]; so X too, "x_t",
     when it is its own column matrix, which then takes dX's transpose). For one image those are views of dY
-    and X. Direct path: padded planes of X and dX, and one dY plane on the padded width."""
+    and X. Direct path: padded planes of X and dX, and one dY plane on the padded width (``stacked_planes``:
+    the whole batch's, one above the other)."""
     g = conv_geometry(ctx, 1, 2, None)
     want_dx, want_dw, _ = conv_grad_outputs(ctx)
     dtype = ctx.type(1).dtype
     w = g.window
     padded = (g.in_hw[0] + w.pads_begin[0] + w.pads_end[0], g.in_hw[1] + w.pads_begin[1] + w.pads_end[1])
     plane = TensorType(dtype, padded)
+    if stacked_planes(g):     # the batch's padded planes one above the other, dY's on the same rows; a set per
+        slots = channel_slots(g)      # thread, each thread running a block of channels
+        tall = TensorType(dtype, (slots, g.n * padded[0], padded[1]))
+        return {"plane": tall, "dx_plane": tall,
+                "dy_row": TensorType(dtype, (slots, g.n * padded[0] * padded[1]))}
     if g.direct:
         return {"plane": plane, "dx_plane": plane, "dy_row": TensorType(dtype, (w.out[0] * padded[1],))}
     plane = TensorType(dtype, (image_slots(g),) + padded)        # one per slice of the batch run at once

@@ -131,6 +131,40 @@ def test_adamw_matches_formula(mode, correct_bias, wd):
         np.testing.assert_array_equal(b.state["gradients"], g)     # gradients are read, never written
 
 
+def test_adamw_split_over_threads_gives_the_same_bits(monkeypatch):
+    """At 2 intra-op threads the update runs in blocks of the flat state (from its second call; the first compiles
+    in the caller): the parameters and moments are 1 thread's to the bit and follow the float64 formula."""
+    from edgetrain import parallel
+    from edgetrain.kernels import training
+    monkeypatch.setattr(training, "UPDATE_BLOCK", 64)       # small state: split anyway
+    splits = []
+    real = parallel.split
+    monkeypatch.setattr(parallel, "split", lambda n, work, *rest: (splits.append(n), real(n, work, *rest)))
+    rng = np.random.default_rng(5)
+    n = 1001
+    attrs = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-6, "weight_decay": 0.01, "adam_mode": 1, "correct_bias": 1}
+    start = {"params": rng.standard_normal(n).astype(np.float32), "gradients": np.zeros(n, np.float32),
+             "first_order_moments": np.zeros(n, np.float32), "second_order_moments": np.zeros(n, np.float32)}
+    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+    got = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("EDGETRAIN_NUM_THREADS", threads)
+        splits.clear()
+        b = Bound(optimizer_graph("AdamWOptimizer", attrs), start, {"learning_rate": lr(0), "step": step(0)})
+        for t, g in enumerate(grads, start=1):
+            b.state["gradients"][:] = g
+            b.run(learning_rate=lr(1e-2), step=step(t))
+        got[threads] = {k: b.state[k].copy() for k in ("params", "first_order_moments", "second_order_moments")}
+        assert (splits == [n] * (len(grads) - 1)) == (threads == "2"), splits
+    ref = [start["params"].astype(np.float64), np.zeros(n), np.zeros(n)]
+    for t, g in enumerate(grads, start=1):
+        ref = adamw_reference(*ref[:1], g, *ref[1:], float(np.float32(1e-2)), t, float(np.float32(0.9)),
+                              float(np.float32(0.999)), float(np.float32(1e-6)), float(np.float32(0.01)), 1, 1)
+    for k, want in zip(got["2"], ref):
+        np.testing.assert_array_equal(got["2"][k], got["1"][k], err_msg=k)
+        np.testing.assert_allclose(got["2"][k], want, rtol=2e-5, atol=1e-6, err_msg=k)
+
+
 def _replay_against_torch(b, opt, params, shapes, rng, run_step, rtol: float, steps: int = 3) -> None:
     """Feed the same random gradients to a torch optimizer and to the bound optimizer model ``b`` (one
     ``run_step(k)`` per step); the flat parameters must follow torch's."""
