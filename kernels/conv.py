@@ -625,11 +625,13 @@ def conv_grad(ctx):
             call = (x.reshape(x4), w.reshape(w4), dy.reshape(y4), dx, dwt, xp, dxp, dyp, want_dx, want_dw,
                     group, sh, sw, dh, dw, ph, pw)
             grad = _conv_direct_grad, call
+            listed = grad        # the kernel and arguments a first call compiles (compile_ahead)
             if stacked:      # a scratch plane set per thread (leading axis), each thread a block of channels
                 def channels(slot, lo, hi):
                     return (*call[:5], xp[slot], dxp[slot], dyp[slot], want_dx, want_dw, group, xp.shape[1] // n,
                             dh, dw, ph, pw, lo, hi)
-                grad = (_conv_direct_grad_stacked, channels(0, 0, c)) if xp.shape[0] == 1 else (
+                listed = _conv_direct_grad_stacked, channels(0, 0, c)
+                grad = listed if xp.shape[0] == 1 else (
                     parallel.split, (c, lambda slot, lo, hi: _conv_direct_grad_stacked(*channels(slot, lo, hi)), 1,
                                      xp.shape[0]))
             bias = (dy.reshape(y3), args[5]) if want_db else None
@@ -639,7 +641,7 @@ def conv_grad(ctx):
                     grad[0](*grad[1])
                 if bias is not None:
                     _bias_grad(*bias)
-            run.kernel_calls = ([(_conv_direct_grad, call)] if want_dx or want_dw else []) + \
+            run.kernel_calls = ([listed] if want_dx or want_dw else []) + \
                 ([(_bias_grad, bias)] if bias is not None else [])
             return run, ()
         return bind_direct
