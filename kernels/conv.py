@@ -119,6 +119,13 @@ def _phase_split(src, phases, sh, sw, ph, pw):
 
 
 @jit(inline="always")
+def _tap(pf, offsets, t, span):
+    """Tap t's ``span`` elements of the flattened phases."""
+    o = offsets[t]
+    return pf[o:o + span]
+
+
+@jit(inline="always")
 def _tap_passes(pf, wm, offsets, acc, span):
     """acc[k] = sum over taps t of wm[t] * pf[offsets[t] + k], k < span. Taps go six at a time: one pass over
     acc per six taps, and at most seven arrays per loop, which LLVM still vectorizes with runtime alias checks
@@ -128,18 +135,9 @@ def _tap_passes(pf, wm, offsets, acc, span):
     while t < taps:
         if taps - t >= 6:
             w0, w1, w2, w3, w4, w5 = wm[t], wm[t + 1], wm[t + 2], wm[t + 3], wm[t + 4], wm[t + 5]
-            o = offsets[t]
-            s0 = pf[o:o + span]
-            o = offsets[t + 1]
-            s1 = pf[o:o + span]
-            o = offsets[t + 2]
-            s2 = pf[o:o + span]
-            o = offsets[t + 3]
-            s3 = pf[o:o + span]
-            o = offsets[t + 4]
-            s4 = pf[o:o + span]
-            o = offsets[t + 5]
-            s5 = pf[o:o + span]
+            s0, s1 = _tap(pf, offsets, t, span), _tap(pf, offsets, t + 1, span)
+            s2, s3 = _tap(pf, offsets, t + 2, span), _tap(pf, offsets, t + 3, span)
+            s4, s5 = _tap(pf, offsets, t + 4, span), _tap(pf, offsets, t + 5, span)
             if t == 0:
                 for k in range(span):
                     acc[k] = (w0 * s0[k] + w1 * s1[k] + w2 * s2[k]) + (w3 * s3[k] + w4 * s4[k]
@@ -151,12 +149,8 @@ def _tap_passes(pf, wm, offsets, acc, span):
             t += 6
         elif taps - t >= 3:
             w0, w1, w2 = wm[t], wm[t + 1], wm[t + 2]
-            o = offsets[t]
-            s0 = pf[o:o + span]
-            o = offsets[t + 1]
-            s1 = pf[o:o + span]
-            o = offsets[t + 2]
-            s2 = pf[o:o + span]
+            s0, s1 = _tap(pf, offsets, t, span), _tap(pf, offsets, t + 1, span)
+            s2 = _tap(pf, offsets, t + 2, span)
             if t == 0:
                 for k in range(span):
                     acc[k] = w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
@@ -166,8 +160,7 @@ def _tap_passes(pf, wm, offsets, acc, span):
             t += 3
         else:
             w0 = wm[t]
-            o = offsets[t]
-            s0 = pf[o:o + span]
+            s0 = _tap(pf, offsets, t, span)
             if t == 0:
                 for k in range(span):
                     acc[k] = w0 * s0[k]
