@@ -140,3 +140,13 @@ def locked(path, wait: bool = True):
         yield True
     finally:
         os.close(fd)       # closing releases the lock
+
+
+def claim(path) -> bool:
+    """Create the empty file ``path`` (0600) if nobody has: True for exactly one of the processes that ask, however
+    they race (``O_EXCL``); a symlink planted there counts as taken, never followed."""
+    try:
+        os.close(os.open(path, _CREATE, 0o600))
+    except FileExistsError:
+        return False
+    return True

@@ -117,11 +117,7 @@ def by_kernel(jobs: list[tuple[object, tuple]]) -> list[tuple[object, list]]:
 
 def claim(folder: str, k: int) -> bool:
     """True for exactly one of the processes that ask for job ``k`` (an exclusive create in ``folder``)."""
-    try:
-        os.close(os.open(os.path.join(folder, str(k)), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    except FileExistsError:
-        return False
-    return True
+    return atomic.claim(os.path.join(folder, str(k)))
 
 
 def compile_claimed(folder: str, groups, resolve=lambda fn: fn) -> int:

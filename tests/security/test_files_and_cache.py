@@ -334,3 +334,12 @@ def test_a_symlink_to_a_regular_checkpoint_still_loads(shared, tmp_path):
     (tmp_path / "checkpoint").symlink_to(shared / "ort_artifacts" / "mlp" / "checkpoint")
     state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
     assert len(list(state.parameters)) > 0
+
+
+def test_a_claim_is_won_once_and_never_follows_a_planted_symlink(tmp_path):
+    """The compile helper's claims (``atomic.claim``): one winner per name; a symlink at the name is taken, and
+    the file it points at is not created."""
+    assert atomic.claim(tmp_path / "0") and not atomic.claim(tmp_path / "0")
+    assert stat.S_IMODE(os.stat(tmp_path / "0").st_mode) == 0o600
+    os.symlink(tmp_path / "elsewhere", tmp_path / "1")
+    assert not atomic.claim(tmp_path / "1") and not (tmp_path / "elsewhere").exists()
