@@ -309,7 +309,7 @@ def conv(ctx):
             offsets = tap_offsets(win.kernel, win.strides, win.dilations, phases.shape[2:])
             x, wt, y = arrays[0].reshape(x4), arrays[1].reshape(w4), arrays[n_in].reshape(y4)
             if stacked:
-                hp = phases.shape[2] // n
+                hp = g.in_hw[0] + win.pads_begin[0] + win.pads_end[0]      # (phases.shape[2] // n but for 0 images)
                 offsets = tap_offsets(win.kernel, win.strides, win.dilations, (hp, phases.shape[3]))
                 fn, args = _over_images(_conv_direct_stacked, n, phases.shape[0], lambda lo, hi, k: (
                     x[lo:hi], wt, y[lo:hi], phases[k, 0], acc[k], offsets, group, hp, ph, pw))
@@ -608,6 +608,7 @@ def conv_grad(ctx):
     if g.direct:
         none4 = np.zeros((1, 1, 1, 1), dtype)   # stands in for an output nobody wants (never touched)
         stacked = stacked_planes(g)
+        hp = g.in_hw[0] + win.pads_begin[0] + win.pads_end[0]      # a padded plane's rows (also for 0 images)
 
         @bindable
         def bind_direct(*args):
@@ -621,7 +622,7 @@ def conv_grad(ctx):
             listed = grad        # the kernel and arguments a first call compiles (compile_ahead)
             if stacked:      # a scratch plane set per thread (leading axis), each thread a block of channels
                 def channels(slot, lo, hi):
-                    return (*call[:5], xp[slot], dxp[slot], dyp[slot], want_dx, want_dw, group, xp.shape[1] // n,
+                    return (*call[:5], xp[slot], dxp[slot], dyp[slot], want_dx, want_dw, group, hp,
                             dh, dw, ph, pw, lo, hi)
                 listed = _conv_direct_grad_stacked, channels(0, 0, c)
                 grad = listed if xp.shape[0] == 1 else (

@@ -233,6 +233,14 @@ def test_layer_norm_grad_of_no_rows():
     _same(ours, [feeds["x"], feeds["dy"].sum(axis=0), feeds["dy"].sum(axis=0)])
 
 
+@pytest.mark.parametrize("group", [1, 2])   # im2col + GEMM (one over the batch: 4 output pixels), and depthwise
+def test_conv_of_an_empty_batch(group):       # loops over the batch's stacked planes
+    feeds = {"x": np.zeros((0, 2, 3, 3), np.float32)}
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[2, 2], group=group)
+    m = model(node, feeds, ["y"], initializers={"w": np.ones((2, 2 // group, 2, 2), np.float32)})
+    _same(run_edgetrain(m, feeds), run_onnxruntime(m, feeds))
+
+
 @pytest.mark.parametrize("group", [1, 2])   # im2col + GEMM, and the direct (depthwise) loops
 def test_conv_grad_of_an_empty_batch(group):
     feeds = {"dy": np.zeros((0, 2, 2, 2), np.float32), "x": np.zeros((0, 2, 3, 3), np.float32)}
