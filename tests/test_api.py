@@ -331,7 +331,9 @@ def test_a_process_killed_while_saving_leaves_a_whole_checkpoint(shared, tmp_pat
     script.write_text(SAVE_FOREVER)
     rng = np.random.default_rng(0)
     orphans = 0
-    for _ in range(12):
+    for kills in range(1, 41):         # 12 kills, and more until one lands inside a write (a loaded host's
+        if kills > 12 and orphans:     # scheduler can let a dozen land between writes)
+            break
         proc = subprocess.Popen([sys.executable, str(script), str(art), str(path)], stdout=subprocess.PIPE,
                                 text=True)
         assert proc.stdout.readline().strip() == "saved"

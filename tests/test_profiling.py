@@ -98,9 +98,9 @@ def test_steady_steps_do_not_grow(shared, mlp):
 @pytest.mark.native
 def test_the_figures_see_a_step_that_leaks(digits_artifacts, monkeypatch):
     """The growth figures can fail: a module call that keeps 2 MB of numpy array shows on the Python heap, and
-    one that keeps 2 MB of fresh pages shows in memory (an array alone may land in heap memory that an earlier
-    test freed and that is still resident, which RSS cannot see: malloc's mmap threshold rises after large frees,
-    so in the full suite even 2 MB arrays come from the heap)."""
+    one that keeps 2 MB of fresh private pages shows in memory (an array alone may land in heap memory an earlier
+    test freed and that is still resident, which RSS cannot see: malloc's mmap threshold rises after large
+    frees, so in the full suite even 2 MB arrays can come from the heap)."""
     import mmap
 
     from edgetrain.api import Module
@@ -109,7 +109,7 @@ def test_the_figures_see_a_step_that_leaks(digits_artifacts, monkeypatch):
     leak = 1 << 21
 
     def leaky(self, *inputs):
-        pages = mmap.mmap(-1, leak)
+        pages = mmap.mmap(-1, leak, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)   # shared ones are not Anonymous
         pages.write(b"\x01" * leak)
         kept.extend((np.ones(leak // 4, np.float32), pages))
         return real(self, *inputs)
