@@ -266,11 +266,12 @@ def bench_model(model: str, systems: list[System], inputs: dict, python: dict, a
             res["runs"].append(run)
             log(f"{model} round {r + 1}/{args.rounds} {s.name}: {run['ms']:.3f} ms/step, "
                 f"{run['peak_rss_mb']:.0f} MB, start {run['first_s']:.2f} s, loss {run['loss_last']:.6g}")
-    if args.profile and "edgetrain" in results and "error" not in results["edgetrain"]:
-        own = next(s for s in systems if s.name == "edgetrain")
-        prof = measure(own, model, inputs, python, min(args.steps, 20), min(args.warmup, 5),
-                       cache=caches["edgetrain"], profile=args.profile)
-        results["edgetrain"]["profile"] = prof.get("profile") or prof.get("error")
+    # per-kernel breakdown of edgetrain on its own artifacts at every thread count (which split kernels gain)
+    for own in systems if args.profile else []:
+        if own.runtime == own.artifacts == "edgetrain" and "error" not in results[own.name]:
+            prof = measure(own, model, inputs, python, min(args.steps, 20), min(args.warmup, 5),
+                           cache=caches[own.name], profile=args.profile)
+            results[own.name]["profile"] = prof.get("profile") or prof.get("error")
     return summarize(results)
 
 
@@ -406,17 +407,18 @@ def targets_table(table: dict) -> list[str]:
 
 def profile_lines(table: dict) -> list[str]:
     lines = []
-    for model, rows in table.items():
-        prof = rows.get("edgetrain", {}).get("profile")
+    for (model, rows), name in ((mr, name) for mr in table.items() for name in mr[1]):
+        prof = rows[name].get("profile") if isinstance(rows[name], dict) else None
         if not isinstance(prof, dict):
             continue
         by_op = prof["by_op"]
         total = prof["kernel_ms"] or 1.0
         top = ", ".join(f"{k} {v:.3f} ({100 * v / total:.0f}%)" for k, v in list(by_op.items())[:8])
         rest = prof["step_ms"] - prof["kernel_ms"]
-        lines.append(f"- **{model}** ({prof['kernels'].get('train', 0)} + {prof['kernels'].get('optimizer', 0)} "
+        title = model if name == "edgetrain" else f"{model} {name.partition(' ')[2]}"
+        lines.append(f"- **{title}** ({prof['kernels'].get('train', 0)} + {prof['kernels'].get('optimizer', 0)} "
                      f"calls; kernels timed alone {prof['kernel_ms']:.3f} ms of a {prof['step_ms']:.3f} ms step, "
-                     f"{rows['edgetrain']['ms']:.3f} in the timed runs): {top}; outside kernel calls (API, "
+                     f"{rows[name]['ms']:.3f} in the timed runs): {top}; outside kernel calls (API, "
                      f"feed copies, caches cooled by the other calls) {rest:.3f} ms")
     return lines
 
