@@ -4,7 +4,7 @@ import os as _os
 __version__ = "0.1.0"
 
 # One BLAS thread unless the user says otherwise: on contended cores threads only stall (NUMBA_NOTES §4, §6).
-# These only take effect if numpy is not imported yet; runtime.threads handles the other case.
+# These only take effect if numpy is not imported yet; blas.limit_blas_threads handles the other case.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     _os.environ.setdefault(_var, _os.environ.get("EDGETRAIN_NUM_THREADS", "1"))
 

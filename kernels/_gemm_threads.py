@@ -13,6 +13,11 @@ import numpy as np
 
 from edgetrain import config, parallel
 
+try:
+    from . import _gemm_pool        # not in the trimmed runtime, which keeps the Python pool below
+except ImportError:
+    _gemm_pool = None
+
 MIN_FLOPS = 1 << 25        # smaller GEMMs (~0.5 ms) stay one call: at 2 threads the hand-offs made the mlp's
                            # 0.1-0.2 ms GEMMs slower than one thread
 MIN_ROWS = 64              # rows (or columns) of a block at least, and
@@ -26,6 +31,9 @@ def split(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray, *rest):
     """``(fn, args)`` for ``fn(a, b, y, *rest)`` (y = a @ b), as row or column blocks run on the intra-op
     threads (``edgetrain.parallel``) when threads are configured and the GEMM is large, else the one call.
     Stacked GEMMs (attention's heads) go in blocks of whole matrices instead (``batched``)."""
+    native = _native(fn, a, b, y, rest)
+    if native is not None:
+        return native
     threads = config.num_threads()
     if threads >= 2 and a.ndim >= 2 and b.ndim >= 2 and y.ndim >= 3:
         return batched(fn, a, b, y, *rest)
@@ -51,6 +59,9 @@ def per_image(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray):
     """``(fn, args)`` for the batched ``fn(a, b, y)`` (y[i] = a @ b[i]; a conv's W times each image's columns),
     as blocks of whole images (each one stacked call) on the intra-op threads when threads are configured and
     the GEMMs are large."""
+    native = _native(fn, a, b, y, ())
+    if native is not None:
+        return native
     threads, images = config.num_threads(), b.shape[0]
     if threads < 2 or images < 2 or 2 * y.size * a.shape[-1] < MIN_FLOPS:
         return fn, (a, b, y)
@@ -65,6 +76,9 @@ def batched(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray, *rest):
     matmul; both at least 2-D, y at least 3-D), as blocks of y's first axis on the intra-op threads when the
     GEMMs are large together: an operand with that axis (of y's length) is cut with y, one broadcast along it
     is passed whole."""
+    native = _native(fn, a, b, y, rest)
+    if native is not None:
+        return native
     threads, stack = config.num_threads(), y.shape[0]
     if threads < 2 or stack < 2 or 2 * y.size * a.shape[-1] < MIN_BATCHED_FLOPS:
         return fn, (a, b, y, *rest)
@@ -75,3 +89,17 @@ def batched(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray, *rest):
     blocks = [lambda _slot, lo=lo, hi=hi: fn(a[lo:hi] if cut_a else a, b[lo:hi] if cut_b else b, y[lo:hi], *rest)
               for lo, hi in zip(bounds, bounds[1:])]
     return parallel.run_blocks, (blocks, threads)
+
+
+def _native(fn, a, b, y, rest: tuple):
+    """The GEMM on ``_gemm_pool``'s native threads when it applies (``fn`` is numpy's matmul, or a function
+    marked ``alpha_argument``: ``fn(a, b, y, alpha)`` computes alpha * a @ b), else None."""
+    if _gemm_pool is None:
+        return None
+    if fn is np.matmul and not rest:
+        alpha = 1.0
+    elif getattr(fn, "alpha_argument", False) and len(rest) == 1:
+        alpha = float(rest[0])
+    else:
+        return None
+    return _gemm_pool.job(a, b, y, alpha)

@@ -309,6 +309,9 @@ def _scaled_matmul(a, b, y, alpha):
     np.multiply(y, alpha, out=y)
 
 
+_scaled_matmul.alpha_argument = True       # _gemm_threads may run it as one sgemm with this alpha
+
+
 def det(ctx):
     m = ctx.shape(0)[-1]
 

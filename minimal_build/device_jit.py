@@ -78,7 +78,7 @@ def compile_stats() -> dict[str, int]:
 
 
 def set_num_threads(n: int):
-    """The ahead-of-time kernels are serial; BLAS threads are set by ``runtime.threads``."""
+    """The ahead-of-time kernels are serial; BLAS threads are set by ``blas.limit_blas_threads``."""
 
 
 @contextmanager

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 # lowest first; a unit is a top-level module or subpackage of edgetrain (kernels/ and minimal_build/ included)
 LAYERS = [
     {"errors", "record"},               # record: hand-written record base classes (no edgetrain imports)
-    {"config", "budget", "reading", "ir", "ortvalue", "ortformat_schema", "ort_schemas"},
+    {"config", "blas", "budget", "reading", "ir", "ortvalue", "ortformat_schema", "ort_schemas"},
     {"atomic", "ops", "opset", "onnx_wire", "parallel"},
     {"checkpoint", "plan", "onnx_read"},  # onnx_read: ONNX bytes -> IR without onnx (compact.load_graph)
     {"ortformat", "inline"},            # ortformat reads .ort files with checkpoint's bounds-checked flatbuffer views

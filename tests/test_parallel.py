@@ -115,11 +115,12 @@ def test_conv_and_its_gradient_split_over_threads_agree(monkeypatch, split_calls
     import numpy as np
 
     from edgetrain.api import CheckpointState, Module, Optimizer
+    from edgetrain.kernels import _gemm_pool, _gemm_threads
     from edgetrain.ops import conv
-    from edgetrain.kernels import _gemm_threads
     monkeypatch.setattr(conv, "SPLIT_WORK", 1)       # the test model is small: split anyway
     monkeypatch.setattr(_gemm_threads, "MIN_FLOPS", 0)   # ... and its GEMMs into blocks
     monkeypatch.setattr(_gemm_threads, "MIN_ROWS", 1)
+    monkeypatch.setattr(_gemm_pool, "MIN_FLOPS", 0)      # (on the native pool where it takes them)
     x, y = _conv_training(tmp_path, group, side, stride)
     calls = split_calls
     got = {}
@@ -176,19 +177,23 @@ def test_attention_rows_and_stacked_gemms_split_over_threads_agree_with_torch(mo
 
     from edgetrain import kernels
     from edgetrain.api import CheckpointState, Module, Optimizer
-    from edgetrain.kernels import _gemm_threads
+    from edgetrain.kernels import _gemm_pool, _gemm_threads
     monkeypatch.setattr(kernels, "ROW_BLOCK", 1)                  # the test model is small: split anyway
     monkeypatch.setattr(_gemm_threads, "MIN_BATCHED_FLOPS", 0)
-    stacked = []
-    real_blocks = parallel.run_blocks
+    monkeypatch.setattr(_gemm_pool, "MIN_FLOPS", 0)     # stacks on the native pool, one sgemm per matrix as
+    monkeypatch.setattr(_gemm_pool, "MIN_CUT", 1 << 30)     # numpy; 2-D GEMMs whole (row blocks round apart)
+    stacked, native = [], []
+    real_blocks, real_call = parallel.run_blocks, _gemm_pool._Pool.call
     monkeypatch.setattr(parallel, "run_blocks", lambda blocks, threads: (stacked.append(len(blocks)),
                                                                          real_blocks(blocks, threads)))
+    monkeypatch.setattr(_gemm_pool._Pool, "call", lambda pool, *a: (native.append(1), real_call(pool, *a)))
     x, y, inits = _attention_training(tmp_path)
     got = {}
     for threads in ("1", "2"):
         monkeypatch.setenv("EDGETRAIN_NUM_THREADS", threads)
         split_calls.clear()
         stacked.clear()
+        native.clear()
         module = Module(tmp_path / "training_model.onnx", CheckpointState.load_checkpoint(tmp_path / "checkpoint"))
         optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
         optimizer.set_learning_rate(1.0)         # w - gradient: the parameters after the step show the gradient
@@ -198,7 +203,8 @@ def test_attention_rows_and_stacked_gemms_split_over_threads_agree_with_torch(mo
         optimizer.step()
         got[threads] = (loss, before - module.get_contiguous_parameters(trainable_only=True).numpy())
         # Softmax, its gradient, LayerNormalization: in rows; the stacked GEMMs (forward and gradients): in blocks
-        assert (len(split_calls) >= 3 and len(stacked) >= 3) == (threads == "2"), (split_calls, stacked)
+        assert (len(split_calls) >= 3 and len(stacked) + len(native) >= 3) == (threads == "2"), (split_calls, stacked)
+        assert bool(native) == (threads == "2")
     assert got["2"][0] == got["1"][0]
     np.testing.assert_array_equal(got["2"][1], got["1"][1])
 

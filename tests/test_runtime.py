@@ -85,7 +85,7 @@ def test_numpys_blas_gets_one_thread_when_another_blas_is_loaded():
     pytest.importorskip("scipy.linalg")
     pytest.importorskip("threadpoolctl")
     code = ("import numpy, scipy.linalg, threadpoolctl\n"
-            "from edgetrain.runtime.threads import limit_blas_threads\n"
+            "from edgetrain.blas import limit_blas_threads\n"
             "limit_blas_threads(1)\n"
             "print([i['num_threads'] for i in threadpoolctl.threadpool_info()\n"
             "       if i['user_api'] == 'blas' and 'numpy' in i['filepath']])\n")

@@ -19,7 +19,7 @@ from ..codegen import parallel_compile
 from ..errors import InputError
 from .. import parallel
 from ..plan import Plan
-from .threads import limit_blas_threads
+from ..blas import limit_blas_threads
 
 _UNRUN: weakref.WeakSet = weakref.WeakSet()     # programs made that have not run yet (their kernels compile
                                                 # ahead with the first program that runs: parallel_compile)

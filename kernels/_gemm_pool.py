@@ -1,0 +1,386 @@
+"""Single-precision GEMMs split over intra-op threads that never take the GIL between blocks.
+
+``edgetrain.parallel``'s pool hands Python callables to its helpers, so every hand-off passes the GIL: a helper
+that sees a job must take the GIL the caller holds, sleeps on it, and is woken by the OS (on these VMs a woken
+thread runs 50-200 us later). Measured at 2 threads, a GEMM split into blocks there ran no faster than one call
+(gpt: 31 ms of GEMMs at 1 thread and at 2), and two 26 us blocks took 126 us against 53 serially.
+
+Here a job is numbers: a descriptor (``D_*``) of one ``cblas_sgemm`` call, or a stack of them, cut into blocks of
+rows, columns or stacked matrices. Helpers spin in native code (``serve``), claim blocks with an atomic add on
+one word that also holds the job's serial number and block count (a claim of a finished job cannot run against
+the next job's descriptor), and call numpy's own BLAS (``edgetrain.blas.sgemm``, one thread) by address. The
+caller publishes, runs blocks itself and waits for the last, also in native code (``run``). A helper the OS has
+not scheduled holds no block, so the caller is never slower than alone, as in ``edgetrain.parallel``. Measured in
+one process, 2 threads: 512x128x512 851 -> 480 us, 512x128x128 194 -> 119 us.
+
+A helper spins ``config.spin_us()`` after its last job, then sleeps on a condition; the caller wakes sleepers
+before it publishes (a sleeper woken late finds the job's blocks taken, and joins the next). One caller at a
+time: a second thread calling in meanwhile runs its GEMM as one numpy call.
+
+Row blocks round differently from the whole GEMM in OpenBLAS (its kernel choice depends on the block's rows),
+as the Python pool's blocks did: 2 threads agree with 1 to float32 rounding, not bit for bit.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import threading
+import time
+
+import numpy as np
+
+from edgetrain import blas, config
+
+from . import _jit, direct
+from ._jit import jit
+
+# descriptor fields (int64): the sgemm's address, integer width, transposes, sizes, leading dims, operand
+# addresses, the stack of matrices (STACK of them, as INNER x STACK // INNER; element strides of A, B, C along
+# the outer and the inner axis, 0 for an operand that is one matrix for all), how it is cut
+(D_FN, D_ILP64, D_TA, D_TB, D_M, D_N, D_K, D_LDA, D_LDB, D_LDC, D_A, D_B, D_C, D_STACK, D_INNER,
+ D_SA, D_SB, D_SC, D_IA, D_IB, D_IC, D_CUT, D_BLOCKS) = range(23)
+DESC = 23
+CUT_ROWS, CUT_COLS, CUT_STACK = 0, 1, 2
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112          # CBLAS's enum values
+# control words, each on its own cache line: the job word (serial << 40 | blocks << 20 | next block to claim),
+# blocks not finished yet, helpers asleep
+W_JOB, W_LEFT, W_ASLEEP = 0, 8, 16
+FIELD = (1 << 20) - 1
+YIELD_EVERY = 16           # spin rounds between sched_yield calls (kernels/_spin.py's reason)
+
+MIN_FLOPS = 1 << 22        # GEMMs from ~50 us split: 512x128x128 (8.4 MFLOP) ran 194 -> 119 us at 2 threads
+MIN_CUT = 16               # rows or columns a block holds at least (OpenBLAS's kernels tile by 4-16)
+BLOCKS_PER_THREAD = 2      # a late helper costs at most one block; more blocks repack the other operand more
+
+_PAUSE = {"x86_64": ("llvm.x86.sse2.pause", None), "amd64": ("llvm.x86.sse2.pause", None),
+          "aarch64": ("llvm.aarch64.hint", 1), "arm64": ("llvm.aarch64.hint", 1)}
+# plain Python cannot run the intrinsics: with NUMBA_DISABLE_JIT the GEMMs stay numpy calls
+_NO_JIT = os.environ.get("NUMBA_DISABLE_JIT", "0").strip() not in ("", "0")
+_load_acquire = _store_release = _fetch_add = _pause = _yield = _sgemm = None     # made by _register
+
+
+@_jit.when_numba_loads
+def _register(numba):
+    """The intrinsics the native loops call: atomic loads, stores and adds on an int64 array element, the
+    spin-loop hint, sched_yield, and a call of cblas_sgemm by address (LP64 or ILP64 integers)."""
+    global _load_acquire, _store_release, _fetch_add, _pause, _yield, _sgemm
+    if numba.config.DISABLE_JIT:
+        return
+    from llvmlite import ir
+    from numba.core import cgutils, types
+
+    def element(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        return cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]], wraparound=False)
+
+    def int64_array(arr, i):
+        return isinstance(arr, types.Array) and arr.dtype == types.int64 and isinstance(i, types.Integer)
+
+    @numba.extending.intrinsic
+    def _load_acquire(typingctx, arr, i):
+        if not int64_array(arr, i):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.load_atomic(element(context, builder, sig, args), "acquire", 8)
+        return types.int64(arr, i), codegen
+
+    @numba.extending.intrinsic
+    def _store_release(typingctx, arr, i, value):
+        if not int64_array(arr, i):
+            return None
+
+        def codegen(context, builder, sig, args):
+            builder.store_atomic(context.cast(builder, args[2], sig.args[2], types.int64),
+                                 element(context, builder, sig, args), "release", 8)
+            return context.get_dummy_value()
+        return types.none(arr, i, value), codegen
+
+    @numba.extending.intrinsic
+    def _fetch_add(typingctx, arr, i, value):
+        if not int64_array(arr, i):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.atomic_rmw("add", element(context, builder, sig, args),
+                                      context.cast(builder, args[2], sig.args[2], types.int64), "seq_cst")
+        return types.int64(arr, i, value), codegen
+
+    @numba.extending.intrinsic
+    def _pause(typingctx):
+        def codegen(context, builder, sig, args):
+            hint = _PAUSE.get(platform.machine().lower())
+            if hint is not None:
+                name, arg = hint
+                args = [] if arg is None else [ir.Constant(ir.IntType(32), arg)]
+                fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                    ir.VoidType(), [a.type for a in args]), name)
+                builder.call(fn, args)
+            return context.get_dummy_value()
+        return types.none(), codegen
+
+    @numba.extending.intrinsic
+    def _yield(typingctx):
+        def codegen(context, builder, sig, args):
+            if sys.platform != "win32":
+                fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []),
+                                                    "sched_yield")
+                builder.call(fn, [])
+            return context.get_dummy_value()
+        return types.none(), codegen
+
+    @numba.extending.intrinsic
+    def _sgemm(typingctx, fn, ilp64, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc):
+        """cblas_sgemm(RowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, 0, c, ldc) at address ``fn``."""
+        sig = types.none(*([types.int64] * 7), types.float32, *([types.int64] * 6))
+
+        def codegen(context, builder, sig, args):
+            fn, ilp64, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc = args
+            i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+            ptr = ir.IntType(8).as_pointer()
+            zero = ir.Constant(f32, 0.0)
+            enum = [ir.Constant(i32, ROW_MAJOR), builder.trunc(ta, i32), builder.trunc(tb, i32)]
+            with builder.if_else(builder.icmp_unsigned("!=", ilp64, ir.Constant(i64, 0))) as (wide, narrow):
+                for block, width in ((wide, i64), (narrow, i32)):
+                    with block:
+                        size = (lambda v: v) if width is i64 else (lambda v: builder.trunc(v, i32))
+                        fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, width, width, width, f32, ptr,
+                                                               width, ptr, width, f32, ptr, width])
+                        builder.call(builder.inttoptr(fn, fnty.as_pointer()), enum + [
+                            size(m), size(n), size(k), alpha, builder.inttoptr(a, ptr), size(lda),
+                            builder.inttoptr(b, ptr), size(ldb), zero, builder.inttoptr(c, ptr), size(ldc)])
+            return context.get_dummy_value()
+        return sig, codegen
+
+
+@jit
+def _block(d, alpha, blk):
+    """Block ``blk`` of the job ``d`` describes: its rows, columns or stacked matrices, one sgemm each."""
+    cut, blocks = d[D_CUT], d[D_BLOCKS]
+    length = d[D_M] if cut == CUT_ROWS else d[D_N] if cut == CUT_COLS else d[D_STACK]
+    lo, hi = length * blk // blocks, length * (blk + 1) // blocks
+    m, n, a, b, c, first, last = d[D_M], d[D_N], d[D_A], d[D_B], d[D_C], 0, d[D_STACK]
+    if cut == CUT_ROWS:         # rows of op(A) and C: a row of op(A) is A's column when A is transposed
+        a += 4 * lo * (1 if d[D_TA] == TRANS else d[D_LDA])
+        c += 4 * lo * d[D_LDC]
+        m = hi - lo
+    elif cut == CUT_COLS:       # columns of op(B) and C
+        b += 4 * lo * (d[D_LDB] if d[D_TB] == TRANS else 1)
+        c += 4 * lo
+        n = hi - lo
+    else:
+        first, last = lo, hi
+    inner = d[D_INNER]
+    for s in range(first, last):
+        o, i = s // inner, s % inner
+        _sgemm(d[D_FN], d[D_ILP64], d[D_TA], d[D_TB], m, n, d[D_K], alpha[0],
+               a + 4 * (o * d[D_SA] + i * d[D_IA]), d[D_LDA], b + 4 * (o * d[D_SB] + i * d[D_IB]), d[D_LDB],
+               c + 4 * (o * d[D_SC] + i * d[D_IC]), d[D_LDC])
+
+
+@jit
+def _claim_and_run(ctl, d, alpha):
+    """Claim blocks of the published job and run them until none is left."""
+    while True:
+        word = _fetch_add(ctl, W_JOB, 1)
+        if (word & FIELD) >= ((word >> 20) & FIELD):
+            return
+        _block(d, alpha, word & FIELD)
+        _fetch_add(ctl, W_LEFT, -1)
+
+
+@jit
+def serve(ctl, d, alpha, seen, rounds):
+    """A helper's loop: run the blocks of every job published after serial ``seen``; after ``rounds`` spins
+    with none, return the last serial seen (the helper then sleeps)."""
+    k = 0
+    while k < rounds:
+        serial = _load_acquire(ctl, W_JOB) >> 40
+        if serial != seen:
+            seen = serial
+            _claim_and_run(ctl, d, alpha)
+            k = 0
+        else:
+            k += 1
+            if k % YIELD_EVERY == 0:
+                _yield()
+            else:
+                _pause()
+    return seen
+
+
+@jit
+def run(ctl, d, alpha, job, job_alpha):
+    """The caller: publish ``job`` (copied into the shared descriptor ``d``), run blocks, wait for the last."""
+    for i in range(DESC):
+        d[i] = job[i]
+    alpha[0] = job_alpha[0]
+    blocks = job[D_BLOCKS]
+    _store_release(ctl, W_LEFT, blocks)
+    serial = ((_load_acquire(ctl, W_JOB) >> 40) + 1) & FIELD
+    _store_release(ctl, W_JOB, (serial << 40) | (blocks << 20))
+    _claim_and_run(ctl, d, alpha)
+    k = 0
+    while _load_acquire(ctl, W_LEFT) != 0:
+        k += 1
+        if k % YIELD_EVERY == 0:
+            _yield()
+        else:
+            _pause()
+
+
+class _Pool:
+    def __init__(self, helpers: int):
+        self.ctl = np.zeros(24, np.int64)
+        self.desc = np.zeros(DESC, np.int64)
+        self.alpha = np.ones(1, np.float32)
+        self.busy = threading.Lock()
+        self._wake = threading.Condition()
+        self._rounds = None
+        self._run = run
+        for slot in range(1, helpers + 1):
+            threading.Thread(target=self._serve, daemon=True, name=f"edgetrain-gemm-{slot}").start()
+
+    def rounds(self) -> int:
+        """Spins of ``serve`` in ``config.spin_us()`` (its speed timed once, the fastest of three runs)."""
+        if self._rounds is None:
+            probe, n = np.zeros(24, np.int64), 1 << 14
+            best = float("inf")
+            for _ in range(3):
+                t = time.perf_counter()
+                serve(probe, self.desc, self.alpha, 0, n)      # serial 0 never changes: all n rounds
+                best = min(best, time.perf_counter() - t)
+            self._rounds = max(1, int(n * 1e-6 * config.spin_us() / max(best, 1e-9)))
+        return self._rounds
+
+    def _serve(self):
+        seen = 0
+        while True:
+            seen = serve(self.ctl, self.desc, self.alpha, seen, self.rounds())
+            with self._wake:
+                self.ctl[W_ASLEEP] += 1
+                while int(self.ctl[W_JOB]) >> 40 == seen:
+                    self._wake.wait()
+                self.ctl[W_ASLEEP] -= 1
+
+    def call(self, job: np.ndarray, job_alpha: np.ndarray, whole):
+        """Run ``job`` on the pool, or ``whole()`` if another thread is using it."""
+        if not self.busy.acquire(blocking=False):
+            whole()
+            return
+        try:
+            if self.ctl[W_ASLEEP]:
+                with self._wake:
+                    self._wake.notify_all()
+            self._run(self.ctl, self.desc, self.alpha, job, job_alpha)
+            if self._run is run:        # every job's arguments have the same types
+                self._run = direct(run, (self.ctl, self.desc, self.alpha, job, job_alpha))
+        finally:
+            self.busy.release()
+
+
+_POOLS: dict[int, _Pool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(threads: int) -> _Pool:
+    with _POOLS_LOCK:
+        return _POOLS.get(threads) or _POOLS.setdefault(threads, _Pool(threads - 1))
+
+
+def _layout(x: np.ndarray):
+    """(transpose flag, leading dim) of a float32 matrix stack whose last two dims BLAS takes as they are (one
+    unit stride, the other at least a row or column), or None."""
+    if x.dtype != np.float32 or x.ndim < 2 or x.size == 0 or any(v % 4 for v in x.strides):
+        return None
+    rows, cols = x.shape[-2:]
+    s0, s1 = x.strides[-2:]
+    if s1 == 4 and s0 >= 4 * max(1, cols):
+        return NO_TRANS, s0 // 4
+    if s0 == 4 and s1 >= 4 * max(1, rows):
+        return TRANS, s1 // 4
+    return None
+
+
+def _run(x: np.ndarray) -> int:
+    """How many trailing leading axes of ``x`` collapse into one axis (their strides nest)."""
+    shape, strides = x.shape[:-2][::-1], x.strides[:-2][::-1]
+    k = 1
+    while k < len(shape) and strides[k] == strides[k - 1] * shape[k - 1]:
+        k += 1
+    return k
+
+
+def _stack_strides(x: np.ndarray, k: int):
+    """(outer, inner) strides in elements of ``x``'s leading axes as two: the last ``k`` (collapsing, inner)
+    and the rest (outer, which must collapse too); (0, 0) for one matrix; None if the outer axes do not nest."""
+    if x.ndim == 2:
+        return 0, 0
+    shape, strides = x.shape[:-2], [v // 4 for v in x.strides[:-2]]
+    outer = len(shape) - k
+    for j in range(outer - 1):
+        if strides[j] != strides[j + 1] * shape[j + 1]:
+            return None
+    return (strides[outer - 1] if outer else 0), strides[-1]
+
+
+def job(a: np.ndarray, b: np.ndarray, y: np.ndarray, alpha: float = 1.0):
+    """``(fn, args)`` computing ``y = alpha * a @ b`` (numpy's matmul broadcasting of stacks: each operand
+    stacked like y, or one matrix) on the native pool, or None when it does not apply: one thread, no BLAS
+    found, not float32, a layout BLAS cannot take, y overlapping an operand, or too small to gain."""
+    threads = config.num_threads()
+    if threads < 2 or y.dtype != np.float32 or y.ndim < 2 or y.size == 0 or _NO_JIT:
+        return None
+    m, n = y.shape[-2:]
+    k = a.shape[-1]
+    stack = y.size // (m * n)
+    if 2 * y.size * k < MIN_FLOPS or a.shape[-2:] != (m, k) or b.shape[-2:] != (k, n):
+        return None
+    found = blas.sgemm()
+    layouts = [_layout(x) for x in (a, b, y)]
+    stacked = [x for x in (a, b, y) if x.ndim > 2]
+    if found is None or None in layouts or layouts[2][0] != NO_TRANS:
+        return None
+    if any(x.shape[:-2] != y.shape[:-2] for x in stacked) or not all(y.strides[:-2]):
+        return None         # a broadcast operand of the stack's shape is fine; a broadcast output is not
+    if np.may_share_memory(y, a) or np.may_share_memory(y, b):
+        return None         # bounds only: a view interleaved with y goes to numpy, which copies
+
+    nested = min((_run(x) for x in stacked), default=0)
+    strides = [_stack_strides(x, nested) for x in (a, b, y)]
+    if None in strides:
+        return None
+    inner = int(np.prod(y.shape[-2 - nested:-2])) if nested else 1
+    (ta, lda), (tb, ldb), (_, ldc) = layouts
+    (sa, ia), (sb, ib), (sc, ic) = strides
+    if stack >= 2:
+        cut, length = CUT_STACK, stack
+    else:
+        cut, length = (CUT_ROWS, m) if m >= n else (CUT_COLS, n)
+    per_block = 1 if cut == CUT_STACK else MIN_CUT
+    blocks = min(threads * BLOCKS_PER_THREAD, length // per_block)
+    if blocks < 2:
+        return None
+    d = np.zeros(DESC, np.int64)
+    fields = {D_FN: found[0], D_ILP64: int(found[1]), D_TA: ta, D_TB: tb, D_M: m, D_N: n, D_K: k, D_LDA: lda,
+              D_LDB: ldb, D_LDC: ldc, D_A: a.ctypes.data, D_B: b.ctypes.data, D_C: y.ctypes.data,
+              D_STACK: stack, D_INNER: inner, D_SA: sa, D_SB: sb, D_SC: sc, D_IA: ia, D_IB: ib, D_IC: ic,
+              D_CUT: cut, D_BLOCKS: blocks}
+    for i, v in fields.items():
+        d[i] = v
+    scale = np.array([alpha], np.float32)
+    keep = (a, b, y)        # the descriptor holds raw addresses: the arrays must outlive it
+
+    def whole():
+        np.matmul(a, b, out=y)
+        if alpha != 1.0:
+            np.multiply(y, y.dtype.type(alpha), out=y)
+    pool = _pool(threads)
+
+    def launch():
+        pool.call(d, scale, whole)
+    launch.kernel_calls = ((run, (pool.ctl, pool.desc, pool.alpha, d, scale)),
+                           (serve, (pool.ctl, pool.desc, pool.alpha, 0, 1)))
+    launch.operands = keep
+    return launch, ()

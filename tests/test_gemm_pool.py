@@ -1,0 +1,164 @@
+"""kernels/_gemm_pool.py: float32 GEMMs cut into blocks that native threads claim and run through numpy's own
+BLAS by address. Oracles: numpy's float64 matmul of the same operands, onnxruntime for whole ops."""
+import threading
+import time
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import edgetrain
+from edgetrain import config
+from edgetrain.kernels import _gemm_pool
+
+rng = np.random.default_rng(7)
+
+
+@pytest.fixture
+def threads(monkeypatch, request):
+    n = getattr(request, "param", 2)
+    monkeypatch.setattr(config, "num_threads", lambda: n)
+    monkeypatch.setattr(_gemm_pool, "MIN_FLOPS", 0)         # small operands: split anyway
+    if _gemm_pool._NO_JIT:
+        pytest.skip("the native pool's intrinsics need Numba's JIT")
+    return n
+
+
+def _f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _run(a, b, alpha=1.0):
+    """y from the native job (NaN-filled first: every element must be written), and the job's descriptor."""
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    y = np.full(shape, np.nan, np.float32)
+    job = _gemm_pool.job(a, b, y, alpha)
+    assert job is not None
+    fn, args = job
+    fn(*args)
+    return y, fn
+
+
+def _check(a, b, alpha=1.0):
+    y, _ = _run(a, b, alpha)
+    want = alpha * np.matmul(a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    return y
+
+
+@pytest.mark.parametrize("threads", [2, 3], indirect=True)
+@pytest.mark.parametrize("m,k,n", [(37, 19, 23), (11, 19, 41), (64, 8, 3), (3, 8, 70), (200, 33, 130)])
+@pytest.mark.parametrize("trans_a,trans_b", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_two_dim_gemms_in_row_or_column_blocks(threads, m, k, n, trans_a, trans_b):
+    """Row blocks when y is tall, column blocks when wide (uneven sizes: the last block is short); transposed
+    operands are views BLAS takes with their leading dims, as numpy's matmul does."""
+    a = _f32(k, m).T if trans_a else _f32(m, k)
+    b = _f32(n, k).T if trans_b else _f32(k, n)
+    if max(m, n) // _gemm_pool.MIN_CUT < 2:
+        assert _gemm_pool.job(a, b, np.empty((m, n), np.float32)) is None      # too few rows for two blocks
+        return
+    _check(a, b, alpha=0.5 if trans_a else 1.0)
+
+
+def test_views_with_a_row_stride_beyond_the_row(threads):
+    """A column slice of a wider matrix: its leading dim is the wider row, not its own width."""
+    wide = _f32(40, 70)
+    _check(wide[:, 5:37], _f32(32, 50))
+    y = np.full((40, 90), np.nan, np.float32)
+    fn, args = _gemm_pool.job(_f32(40, 16), _f32(16, 60), y[:, 10:70])
+    fn(*args)
+    assert np.isnan(y[:, :10]).all() and np.isnan(y[:, 70:]).all()         # nothing written beside the view
+
+
+@pytest.mark.parametrize("threads", [2, 3], indirect=True)
+def test_stacks_of_matrices(threads):
+    """Stacked GEMMs in blocks of whole matrices: contiguous stacks, a weight broadcast over the stack (a conv's
+    W against each image's columns), and attention's permuted heads, whose two leading axes do not collapse
+    into one (the stack runs as outer x inner)."""
+    _check(_f32(6, 20, 9), _f32(6, 9, 12))
+    _check(_f32(16, 36), _f32(5, 36, 49))
+    batch, heads, t, d = 3, 4, 10, 8
+    q = _f32(batch, t, heads, d).transpose(0, 2, 1, 3)
+    k = _f32(batch, t, heads, d).transpose(0, 2, 3, 1)
+    scores = _check(q, k, alpha=0.25)
+    v = _f32(batch, t, heads, d).transpose(0, 2, 1, 3)
+    _check(np.ascontiguousarray(scores), v)
+
+
+def test_what_it_leaves_to_numpy(threads):
+    """None (numpy's matmul then runs the GEMM whole) for: float64, an operand whose rows are strided
+    elements, an output overlapping an operand or broadcast along the stack, one thread, too small."""
+    a, b = _f32(64, 32), _f32(32, 48)
+    y = np.zeros((64, 48), np.float32)
+    assert _gemm_pool.job(a.astype(np.float64), b.astype(np.float64), y.astype(np.float64)) is None
+    assert _gemm_pool.job(_f32(64, 64)[:, ::2], b, y) is None
+    square = _f32(64, 64)
+    assert _gemm_pool.job(square, _f32(64, 64), square) is None
+    assert _gemm_pool.job(_f32(3, 64, 32), b, np.broadcast_to(y, (3, 64, 48))) is None
+    assert _gemm_pool.job(a, b, y) is not None
+    config_threads = config.num_threads
+    try:
+        config.num_threads = lambda: 1
+        assert _gemm_pool.job(a, b, y) is None
+    finally:
+        config.num_threads = config_threads
+
+
+def test_another_thread_calling_meanwhile_runs_its_gemm_whole(threads):
+    """One caller at a time: concurrent callers from several Python threads all get right answers (the ones
+    that find the pool busy run numpy's matmul)."""
+    jobs = [(_f32(96, 40), _f32(40, 80)) for _ in range(4)]
+    outs = [np.empty((96, 80), np.float32) for _ in jobs]
+    launches = [_gemm_pool.job(a, b, y)[0] for (a, b), y in zip(jobs, outs)]
+    errors = []
+
+    def loop(k):
+        try:
+            for _ in range(200):
+                outs[k].fill(np.nan)
+                launches[k]()
+                np.testing.assert_allclose(outs[k], jobs[k][0] @ jobs[k][1], rtol=1e-4, atol=1e-4)
+        except AssertionError as e:
+            errors.append(e)
+    workers = [threading.Thread(target=loop, args=(k,)) for k in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors, errors[0]
+
+
+def test_idle_helpers_sleep_and_wake_for_the_next_job(threads, monkeypatch):
+    """After ``EDGETRAIN_SPIN_US`` without a job every helper sleeps; the next job wakes them and is right."""
+    monkeypatch.setattr(_gemm_pool, "_POOLS", {})        # a fresh pool: its spin timed with the setting below
+    monkeypatch.setenv("EDGETRAIN_SPIN_US", "1000")
+    a, b = _f32(128, 64), _f32(64, 96)
+    y, fn = _run(a, b)
+    pool = _gemm_pool._POOLS[threads]
+    deadline = time.monotonic() + 10
+    while pool.ctl[_gemm_pool.W_ASLEEP] < threads - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.ctl[_gemm_pool.W_ASLEEP] == threads - 1
+    y.fill(np.nan)
+    fn()
+    np.testing.assert_allclose(y, a @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("node, shapes", [
+    (helper.make_node("MatMul", ["a", "b"], ["y"]), ((37, 19), (19, 23))),
+    (helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", transA=1, transB=1,
+                      alpha=0.5), ((19, 37), (23, 19))),
+    (helper.make_node("MatMul", ["a", "b"], ["y"]), ((2, 3, 17, 19), (2, 3, 19, 23))),
+])
+def test_matmul_ops_run_on_the_native_pool_against_onnxruntime(threads, node, shapes):
+    """A session at 2 threads binds the op to the native pool (its launcher names ``run``) and agrees with
+    onnxruntime."""
+    from oracle import model, run_onnxruntime
+    feeds = {"a": _f32(*shapes[0]), "b": _f32(*shapes[1])}
+    m = model(node, feeds, ["y"])
+    sess = edgetrain.InferenceSession(m.SerializeToString())
+    fn, _ = sess.program(feeds).calls[0]
+    assert fn.kernel_calls[0][0] is _gemm_pool.run
+    want = run_onnxruntime(m, feeds)[0]
+    for _ in range(3):
+        np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-5, atol=1e-5)
