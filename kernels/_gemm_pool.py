@@ -23,8 +23,6 @@ as the Python pool's blocks did: 2 threads agree with 1 to float32 rounding, not
 from __future__ import annotations
 
 import os
-import platform
-import sys
 import threading
 import time
 
@@ -32,7 +30,7 @@ import numpy as np
 
 from edgetrain import blas, config
 
-from . import _jit, direct
+from . import _spin, direct
 from ._jit import jit
 
 # descriptor fields (int64): the sgemm's address, integer width, transposes, sizes, leading dims, operand
@@ -42,116 +40,18 @@ from ._jit import jit
  D_SA, D_SB, D_SC, D_IA, D_IB, D_IC, D_CUT, D_BLOCKS) = range(23)
 DESC = 23
 CUT_ROWS, CUT_COLS, CUT_STACK = 0, 1, 2
-ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112          # CBLAS's enum values
+NO_TRANS, TRANS = 111, 112             # CBLAS's enum values
 # control words, each on its own cache line: the job word (serial << 40 | blocks << 20 | next block to claim),
 # blocks not finished yet, helpers asleep
 W_JOB, W_LEFT, W_ASLEEP = 0, 8, 16
 FIELD = (1 << 20) - 1
-YIELD_EVERY = 16           # spin rounds between sched_yield calls (kernels/_spin.py's reason)
 
 MIN_FLOPS = 1 << 22        # GEMMs from ~50 us split: 512x128x128 (8.4 MFLOP) ran 194 -> 119 us at 2 threads
 MIN_CUT = 16               # rows or columns a block holds at least (OpenBLAS's kernels tile by 4-16)
 BLOCKS_PER_THREAD = 2      # a late helper costs at most one block; more blocks repack the other operand more
 
-_PAUSE = {"x86_64": ("llvm.x86.sse2.pause", None), "amd64": ("llvm.x86.sse2.pause", None),
-          "aarch64": ("llvm.aarch64.hint", 1), "arm64": ("llvm.aarch64.hint", 1)}
 # plain Python cannot run the intrinsics: with NUMBA_DISABLE_JIT the GEMMs stay numpy calls
 _NO_JIT = os.environ.get("NUMBA_DISABLE_JIT", "0").strip() not in ("", "0")
-_load_acquire = _store_release = _fetch_add = _pause = _yield = _sgemm = None     # made by _register
-
-
-@_jit.when_numba_loads
-def _register(numba):
-    """The intrinsics the native loops call: atomic loads, stores and adds on an int64 array element, the
-    spin-loop hint, sched_yield, and a call of cblas_sgemm by address (LP64 or ILP64 integers)."""
-    global _load_acquire, _store_release, _fetch_add, _pause, _yield, _sgemm
-    if numba.config.DISABLE_JIT:
-        return
-    from llvmlite import ir
-    from numba.core import cgutils, types
-
-    def element(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        return cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]], wraparound=False)
-
-    def int64_array(arr, i):
-        return isinstance(arr, types.Array) and arr.dtype == types.int64 and isinstance(i, types.Integer)
-
-    @numba.extending.intrinsic
-    def _load_acquire(typingctx, arr, i):
-        if not int64_array(arr, i):
-            return None
-
-        def codegen(context, builder, sig, args):
-            return builder.load_atomic(element(context, builder, sig, args), "acquire", 8)
-        return types.int64(arr, i), codegen
-
-    @numba.extending.intrinsic
-    def _store_release(typingctx, arr, i, value):
-        if not int64_array(arr, i):
-            return None
-
-        def codegen(context, builder, sig, args):
-            builder.store_atomic(context.cast(builder, args[2], sig.args[2], types.int64),
-                                 element(context, builder, sig, args), "release", 8)
-            return context.get_dummy_value()
-        return types.none(arr, i, value), codegen
-
-    @numba.extending.intrinsic
-    def _fetch_add(typingctx, arr, i, value):
-        if not int64_array(arr, i):
-            return None
-
-        def codegen(context, builder, sig, args):
-            return builder.atomic_rmw("add", element(context, builder, sig, args),
-                                      context.cast(builder, args[2], sig.args[2], types.int64), "seq_cst")
-        return types.int64(arr, i, value), codegen
-
-    @numba.extending.intrinsic
-    def _pause(typingctx):
-        def codegen(context, builder, sig, args):
-            hint = _PAUSE.get(platform.machine().lower())
-            if hint is not None:
-                name, arg = hint
-                args = [] if arg is None else [ir.Constant(ir.IntType(32), arg)]
-                fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-                    ir.VoidType(), [a.type for a in args]), name)
-                builder.call(fn, args)
-            return context.get_dummy_value()
-        return types.none(), codegen
-
-    @numba.extending.intrinsic
-    def _yield(typingctx):
-        def codegen(context, builder, sig, args):
-            if sys.platform != "win32":
-                fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []),
-                                                    "sched_yield")
-                builder.call(fn, [])
-            return context.get_dummy_value()
-        return types.none(), codegen
-
-    @numba.extending.intrinsic
-    def _sgemm(typingctx, fn, ilp64, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc):
-        """cblas_sgemm(RowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, 0, c, ldc) at address ``fn``."""
-        sig = types.none(*([types.int64] * 7), types.float32, *([types.int64] * 6))
-
-        def codegen(context, builder, sig, args):
-            fn, ilp64, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc = args
-            i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-            ptr = ir.IntType(8).as_pointer()
-            zero = ir.Constant(f32, 0.0)
-            enum = [ir.Constant(i32, ROW_MAJOR), builder.trunc(ta, i32), builder.trunc(tb, i32)]
-            with builder.if_else(builder.icmp_unsigned("!=", ilp64, ir.Constant(i64, 0))) as (wide, narrow):
-                for block, width in ((wide, i64), (narrow, i32)):
-                    with block:
-                        size = (lambda v: v) if width is i64 else (lambda v: builder.trunc(v, i32))
-                        fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, width, width, width, f32, ptr,
-                                                               width, ptr, width, f32, ptr, width])
-                        builder.call(builder.inttoptr(fn, fnty.as_pointer()), enum + [
-                            size(m), size(n), size(k), alpha, builder.inttoptr(a, ptr), size(lda),
-                            builder.inttoptr(b, ptr), size(ldb), zero, builder.inttoptr(c, ptr), size(ldc)])
-            return context.get_dummy_value()
-        return sig, codegen
 
 
 @jit
@@ -174,7 +74,7 @@ def _block(d, alpha, blk):
     inner = d[D_INNER]
     for s in range(first, last):
         o, i = s // inner, s % inner
-        _sgemm(d[D_FN], d[D_ILP64], d[D_TA], d[D_TB], m, n, d[D_K], alpha[0],
+        _spin.sgemm(d[D_FN], d[D_ILP64], d[D_TA], d[D_TB], m, n, d[D_K], alpha[0],
                a + 4 * (o * d[D_SA] + i * d[D_IA]), d[D_LDA], b + 4 * (o * d[D_SB] + i * d[D_IB]), d[D_LDB],
                c + 4 * (o * d[D_SC] + i * d[D_IC]), d[D_LDC])
 
@@ -183,11 +83,11 @@ def _block(d, alpha, blk):
 def _claim_and_run(ctl, d, alpha):
     """Claim blocks of the published job and run them until none is left."""
     while True:
-        word = _fetch_add(ctl, W_JOB, 1)
+        word = _spin.fetch_add(ctl, W_JOB, 1)
         if (word & FIELD) >= ((word >> 20) & FIELD):
             return
         _block(d, alpha, word & FIELD)
-        _fetch_add(ctl, W_LEFT, -1)
+        _spin.fetch_add(ctl, W_LEFT, -1)
 
 
 @jit
@@ -196,17 +96,17 @@ def serve(ctl, d, alpha, seen, rounds):
     with none, return the last serial seen (the helper then sleeps)."""
     k = 0
     while k < rounds:
-        serial = _load_acquire(ctl, W_JOB) >> 40
+        serial = _spin.load_acquire(ctl, W_JOB) >> 40
         if serial != seen:
             seen = serial
             _claim_and_run(ctl, d, alpha)
             k = 0
         else:
             k += 1
-            if k % YIELD_EVERY == 0:
-                _yield()
+            if k % _spin.YIELD_EVERY == 0:
+                _spin.sched_yield()
             else:
-                _pause()
+                _spin.pause()
     return seen
 
 
@@ -217,17 +117,17 @@ def run(ctl, d, alpha, job, job_alpha):
         d[i] = job[i]
     alpha[0] = job_alpha[0]
     blocks = job[D_BLOCKS]
-    _store_release(ctl, W_LEFT, blocks)
-    serial = ((_load_acquire(ctl, W_JOB) >> 40) + 1) & FIELD
-    _store_release(ctl, W_JOB, (serial << 40) | (blocks << 20))
+    _spin.store_release(ctl, W_LEFT, blocks)
+    serial = ((_spin.load_acquire(ctl, W_JOB) >> 40) + 1) & FIELD
+    _spin.store_release(ctl, W_JOB, (serial << 40) | (blocks << 20))
     _claim_and_run(ctl, d, alpha)
     k = 0
-    while _load_acquire(ctl, W_LEFT) != 0:
+    while _spin.load_acquire(ctl, W_LEFT) != 0:
         k += 1
-        if k % YIELD_EVERY == 0:
-            _yield()
+        if k % _spin.YIELD_EVERY == 0:
+            _spin.sched_yield()
         else:
-            _pause()
+            _spin.pause()
 
 
 class _Pool:

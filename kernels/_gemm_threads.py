@@ -6,6 +6,10 @@ processes a worker the OS has not scheduled yet stalls the whole GEMM for a time
 busy 2-core host: 5x slower than at 1 thread). Here a helper that has not started holds no work: the caller
 claims the next block itself, so a step is never slower than the caller alone, and as fast as the free cores
 allow. numpy's matmul releases the GIL while BLAS runs, so the blocks run in parallel.
+
+float32 GEMMs whose operands BLAS takes as they are go to ``_gemm_pool`` instead (the same claiming, in native
+threads: this module's blocks pass the GIL at every hand-off, which cost more than the second core gave). The
+blocks here remain for the rest: other element types, layouts numpy copies, the trimmed runtime.
 """
 from __future__ import annotations
 
