@@ -21,7 +21,8 @@ import numpy as np
 
 from . import config
 
-BLOCKS_PER_THREAD = 4      # blocks to claim per thread: a late helper costs at most one block
+BLOCKS_PER_THREAD = 2      # blocks to claim per thread: a late helper costs at most one block, and every block
+                           # boundary may pass the GIL between threads
 _spin = []                 # [loop, its rounds per microsecond] once kernels/_spin registered its nogil busy-wait
 
 

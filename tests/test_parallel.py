@@ -73,6 +73,7 @@ def test_fused_loops_split_over_threads_give_the_same_bits(monkeypatch, split_ca
 
     from edgetrain.runtime import program
     from edgetrain.session import InferenceSession
+    monkeypatch.setattr(program, "SPLIT_ELEMENTS", 1 << 18)     # the first shape splits, the others do not
     model = _chain_model(shape).SerializeToString()
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     calls = split_calls
