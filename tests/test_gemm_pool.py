@@ -11,6 +11,7 @@ import edgetrain
 from edgetrain import config
 from edgetrain.kernels import _gemm_pool
 
+pytestmark = pytest.mark.arm64   # also on the emulated arm64 stage: LP64 BLAS builds, the aarch64 spin hint
 rng = np.random.default_rng(7)
 
 
