@@ -232,6 +232,9 @@ def job(a: np.ndarray, b: np.ndarray, y: np.ndarray, alpha: float = 1.0):
     threads = config.num_threads()
     if threads < 2 or y.dtype != np.float32 or y.ndim < 2 or y.size == 0 or _NO_JIT:
         return None
+    if y.strides[-2] == 4 and y.strides[-1] != 4 and min(y.shape[-2:]) > 1:
+        # y transposed in memory (a permuted output): compute y^T = b^T @ a^T into its row-major view
+        a, b, y = b.swapaxes(-1, -2), a.swapaxes(-1, -2), y.swapaxes(-1, -2)
     m, n = y.shape[-2:]
     k = a.shape[-1]
     stack = y.size // (m * n)

@@ -86,6 +86,16 @@ def test_stacks_of_matrices(threads):
     _check(np.ascontiguousarray(scores), v)
 
 
+def test_an_output_transposed_in_memory(threads):
+    """A permuted output whose matrices are column-major (attention's gradient written in the forward's
+    layout) runs as y^T = b^T @ a^T into its row-major view."""
+    a, b = _f32(3, 4, 40, 24), _f32(3, 4, 24, 36)
+    y = np.full((3, 4, 36, 40), np.nan, np.float32).swapaxes(-1, -2)
+    fn, args = _gemm_pool.job(a, b, y)
+    fn(*args)
+    np.testing.assert_allclose(y, np.matmul(a.astype(np.float64), b), rtol=2e-5, atol=2e-5)
+
+
 def test_what_it_leaves_to_numpy(threads):
     """None (numpy's matmul then runs the GEMM whole) for: float64, an operand whose rows are strided
     elements, an output overlapping an operand or broadcast along the stack, one thread, too small."""
