@@ -11,6 +11,8 @@ Gradients have two arrays (slots): ``grads`` is the committed one; a training st
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import budget
@@ -48,7 +50,7 @@ class StateStore:
                                  "edgetrain trains float32/float64 parameters only; convert them to float32")
         self.names = list(trainable)
         self.shapes = {n: tuple(a.shape) for n, a in trainable.items()}
-        sizes = [int(np.prod(self.shapes[n], dtype=np.int64)) for n in self.names]
+        sizes = [math.prod(self.shapes[n]) for n in self.names]     # shapes of arrays: ints
         self.offsets = dict(zip(self.names, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()))
         self.size = int(sum(sizes))
         self.params = np.empty(self.size, self.dtype)
@@ -65,7 +67,7 @@ class StateStore:
     def _view(self, flat: np.ndarray, name: str) -> np.ndarray:
         off = self.offsets[name]
         shape = self.shapes[name]
-        return flat[off: off + int(np.prod(shape, dtype=np.int64))].reshape(shape)
+        return flat[off: off + math.prod(shape)].reshape(shape)
 
     def param(self, name: str) -> np.ndarray:
         return self._view(self.params, name)
