@@ -14,7 +14,7 @@ import os
 
 from .reading import NotRegularFileError, open_regular
 
-def _token(nbytes: int) -> str:
+def token_hex(nbytes: int) -> str:
     """A random hex name part, as ``secrets.token_hex`` makes it (os.urandom); ``secrets`` itself imports
     ``random``, ``base64`` and ``hmac``, ~4 ms of every start for two calls at save time."""
     return os.urandom(nbytes).hex()
@@ -29,7 +29,7 @@ def write_atomic(path, data, mode: int = 0o666) -> None:
     propagates."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{_token(8)}.tmp")
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{token_hex(8)}.tmp")
     try:
         fd = os.open(tmp, _CREATE, mode)
         try:
@@ -116,7 +116,7 @@ def replace_folder(staged, target) -> None:
     import shutil
 
     staged, target = os.fspath(staged), os.fspath(target)
-    old = f"{target}.old.{os.getpid()}.{_token(4)}"
+    old = f"{target}.old.{os.getpid()}.{token_hex(4)}"
     try:
         os.rename(target, old)
     except FileNotFoundError:

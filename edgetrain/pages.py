@@ -7,8 +7,9 @@ balloon) the free blocks that large are exactly the ones returned: the first wri
 host. Measured on the bench host, 100 MB first written: 120-260 ms on huge pages when the blocks had been
 returned (a few seconds after another process freed them), 11-16 ms when they had not; 60-75 ms on 4 KiB
 pages either way, which come from blocks too small to be reported. resnet18's state store (parameters,
-gradients, AdamW's two moments: 225 MB) and checkpoint buffer made its warm start 0.8-1.05 s on huge pages
-and 0.55-0.65 s on small ones, against ONNX Runtime's 0.8-1.0 s (its allocator makes no such request).
+gradients, AdamW's two moments: 225 MB) and checkpoint buffer made its warm start 1.22-1.35 s on huge pages
+and 0.71-0.76 s on small ones (processes 3 s apart), against ONNX Runtime's 0.78-1.0 s (its allocator makes
+no such request).
 
 The step itself is unchanged within noise (the state arrays are streamed once per step; the arena keeps
 numpy's pages, its kernels' loops revisit it). ``EDGETRAIN_HUGE_PAGES=1`` keeps numpy's allocation for these
