@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAYERS = [
     {"errors", "record"},               # record: hand-written record base classes (no edgetrain imports)
     {"config", "blas", "budget", "reading", "ir", "ortvalue", "ortformat_schema", "ort_schemas"},
-    {"atomic", "ops", "opset", "onnx_wire", "parallel"},
+    {"atomic", "ops", "opset", "onnx_wire", "parallel", "pages"},   # pages: big arrays on 4 KiB pages
     {"checkpoint", "plan", "onnx_read"},  # onnx_read: ONNX bytes -> IR without onnx (compact.load_graph)
     {"ortformat", "inline"},            # ortformat reads .ort files with checkpoint's bounds-checked flatbuffer views
     {"onnx_io"},

@@ -5,16 +5,16 @@ import os
 
 import numpy as np
 
-from .. import atomic
+from .. import atomic, pages
 from ..reading import read_regular
 from .state import CheckpointError
 
 
 def _uninitialized(size: int) -> memoryview:
-    """``size`` writable bytes the read fills: numpy's allocation (no zero pass first, unlike ``bytearray``; and
-    numpy asks the kernel for huge pages on large blocks: a 45 MB checkpoint read in ~700 page faults, not 11,000:
-    ~15 ms instead of ~50)."""
-    return memoryview(np.empty(size, np.uint8))
+    """``size`` writable bytes the read fills: no zero pass first (unlike ``bytearray``), and a large file on
+    4 KiB pages (``edgetrain.pages``: numpy's huge pages made resnet18's 45 MB read 35-190 ms on the bench host,
+    as their blocks often had gone back to the VM's host)."""
+    return memoryview(pages.zeros(size, np.uint8))
 
 
 def read(path) -> memoryview:

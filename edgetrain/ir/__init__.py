@@ -5,6 +5,7 @@ initializer or one node output). Shapes may hold symbolic dimensions (str) until
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,13 @@ class TensorType(Frozen):
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        shape = self.shape
+        # math.prod: ~20x faster than np.prod on a tuple, and planning asks every size several times (resnet18's
+        # first step: ~900 calls); a symbolic shape takes np.prod's path and its error (math.prod would repeat a
+        # str dim)
+        if all(type(d) is int for d in shape):
+            return math.prod(shape)
+        return int(np.prod(shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:

@@ -10,6 +10,7 @@ has compiled every kernel, each jitted call is replaced by the code its fixed ar
 from __future__ import annotations
 
 import importlib
+import math
 import weakref
 
 import numpy as np
@@ -112,7 +113,7 @@ class Program:
     def _aliases(self, step) -> dict[str, str]:
         """Inputs of a fused step stored where one of its outputs is (the planner's in-place reuse, or an
         external array updated in place): input -> output, each element at the same address in both."""
-        size = int(np.prod(step.shape))
+        size = math.prod(step.shape)
         at = {(a.ctypes.data, a.dtype): o for o in step.outputs if o for a in (self.values[o],)}
         found = {}
         for i in step.inputs:
@@ -124,7 +125,7 @@ class Program:
     def _split_fused(self, fn, args: list, k):
         """With intra-op threads, a large fused loop runs as one call per slice of its outermost dim (inputs
         broadcast along it are passed whole)."""
-        n0, size = k.output_shape[0], int(np.prod(k.output_shape))
+        n0, size = k.output_shape[0], math.prod(k.output_shape)
         if parallel.slots() < 2 or n0 < 2 or size < SPLIT_ELEMENTS:
             return fn, args
         sliced = [a.shape[0] == n0 for a in args]

@@ -11,9 +11,11 @@ Gradients have two arrays (slots): ``grads`` is the committed one; a training st
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from .. import budget
+from .. import budget, pages
 from ..errors import EdgetrainError
 from ..ir import TensorType
 from ..ir.dtypes import CARRIED, ORT_TYPE_NAME
@@ -48,11 +50,12 @@ class StateStore:
                                  "edgetrain trains float32/float64 parameters only; convert them to float32")
         self.names = list(trainable)
         self.shapes = {n: tuple(a.shape) for n, a in trainable.items()}
-        sizes = [int(np.prod(self.shapes[n], dtype=np.int64)) for n in self.names]
+        sizes = [math.prod(self.shapes[n]) for n in self.names]     # shapes of arrays: ints
         self.offsets = dict(zip(self.names, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()))
         self.size = int(sum(sizes))
-        self.params = np.empty(self.size, self.dtype)
-        self.grad_slots = (np.zeros(self.size, self.dtype), np.zeros(self.size, self.dtype))
+        # on 4 KiB pages: faster to fill than numpy's huge pages where free memory goes back to a host (pages.py)
+        self.params = pages.zeros(self.size, self.dtype)
+        self.grad_slots = (pages.zeros(self.size, self.dtype), pages.zeros(self.size, self.dtype))
         self.slot = 0                 # which of grad_slots holds the committed gradients
         self.grads = self.grad_slots[0]
         self.moments: list[np.ndarray] = []
@@ -65,7 +68,7 @@ class StateStore:
     def _view(self, flat: np.ndarray, name: str) -> np.ndarray:
         off = self.offsets[name]
         shape = self.shapes[name]
-        return flat[off: off + int(np.prod(shape, dtype=np.int64))].reshape(shape)
+        return flat[off: off + math.prod(shape)].reshape(shape)
 
     def param(self, name: str) -> np.ndarray:
         return self._view(self.params, name)
@@ -88,7 +91,7 @@ class StateStore:
 
     def ensure_moments(self, count: int) -> None:
         while len(self.moments) < count:
-            self.moments.append(np.zeros(self.size, self.dtype))
+            self.moments.append(pages.zeros(self.size, self.dtype))
 
     def nbytes(self) -> int:
         return (self.params.nbytes + sum(g.nbytes for g in self.grad_slots) + sum(m.nbytes for m in self.moments)

@@ -176,7 +176,7 @@ def test_write_atomic_refuses_a_planted_temporary_name(tmp_path, monkeypatch, pl
     """Names are random; if one is guessed anyway, O_CREAT|O_EXCL|O_NOFOLLOW fails instead of writing through."""
     victim = tmp_path / "victim"
     victim.write_text("precious")
-    monkeypatch.setattr(atomic.secrets, "token_hex", lambda n: "guessed")
+    monkeypatch.setattr(atomic, "token_hex", lambda n: "guessed")
     tmp = tmp_path / f".out.{os.getpid()}.guessed.tmp"
     tmp.symlink_to(victim) if planted == "symlink" else tmp.write_text("planted")
     with pytest.raises(FileExistsError):
