@@ -262,7 +262,7 @@ def job(a: np.ndarray, b: np.ndarray, y: np.ndarray, alpha: float = 1.0):
     else:
         cut, length = (CUT_ROWS, m) if m >= n else (CUT_COLS, n)
     per_block = 1 if cut == CUT_STACK else MIN_CUT
-    blocks = min(threads * BLOCKS_PER_THREAD, length // per_block)
+    blocks = min(threads * BLOCKS_PER_THREAD, length // per_block, FIELD)     # the job word's field holds it
     if blocks < 2:
         return None
     d = np.zeros(DESC, np.int64)

@@ -35,12 +35,12 @@ def split(fn, a: np.ndarray, b: np.ndarray, y: np.ndarray, *rest):
     """``(fn, args)`` for ``fn(a, b, y, *rest)`` (y = a @ b), as row or column blocks run on the intra-op
     threads (``edgetrain.parallel``) when threads are configured and the GEMM is large, else the one call.
     Stacked GEMMs (attention's heads) go in blocks of whole matrices instead (``batched``)."""
+    threads = config.num_threads()
+    if threads >= 2 and a.ndim >= 2 and b.ndim >= 2 and y.ndim >= 3:
+        return batched(fn, a, b, y, *rest)      # which tries the native pool first
     native = _native(fn, a, b, y, rest)
     if native is not None:
         return native
-    threads = config.num_threads()
-    if threads >= 2 and a.ndim >= 2 and b.ndim >= 2 and y.ndim >= 3:
-        return batched(fn, a, b, y, *rest)
     if threads < 2 or a.ndim != 2 or b.ndim != 2 or 2 * y.size * a.shape[1] < MIN_FLOPS:
         return fn, (a, b, y, *rest)
     # blocks along y's longer dim: a weight gradient [128, 512] in 4 row blocks of 32 cost 21% more CPU than one
