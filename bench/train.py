@@ -263,6 +263,7 @@ def bench_model(model: str, systems: list[System], inputs: dict, python: dict, a
                 res["error"] = run["error"]
                 log(f"{model} round {r + 1} {s.name}: FAILED {run['error']}")
                 continue
+            run["round"] = r
             res["runs"].append(run)
             log(f"{model} round {r + 1}/{args.rounds} {s.name}: {run['ms']:.3f} ms/step, "
                 f"{run['peak_rss_mb']:.0f} MB, start {run['first_s']:.2f} s, loss {run['loss_last']:.6g}")
@@ -339,7 +340,7 @@ def summarize(results: dict) -> dict:
             "built_rss": statistics.median(r["built_rss_mb"] for r in runs),
             "start": statistics.median(r["first_s"] for r in runs), "loss_first": runs[0]["loss_first"],
             "loss_last": runs[0]["loss_last"], "steps": runs[0]["steps"], "n": len(runs),
-            "error": res.get("error")}
+            "by_round": {r["round"]: r["ms"] for r in runs}, "error": res.get("error")}
         cold = res.get("cold")
         if cold is not None:
             row["cold"] = cold.get("first_s")
@@ -382,17 +383,25 @@ def results_table(table: dict) -> list[str]:
     return lines
 
 
+def paired_ratios(et: dict, base: dict) -> list[float]:
+    """edgetrain's ms/step over ORT's in each round both ran in (the two processes minutes apart at most, so a
+    drift in the machine's speed that moves the medians moves both)."""
+    ours, theirs = et.get("by_round", {}), base.get("by_round", {})
+    return sorted(ours[r] / theirs[r] for r in ours if r in theirs)
+
+
 def targets_table(table: dict) -> list[str]:
-    head = ("| model | edgetrain / ORT ms/step (<= 0.8; digits <= 0.6) | edgetrain / ORT peak RSS (<= 1.2) "
-            "| edgetrain / ORT start (<= 1) | cold start s (<= 5) | automatic warm set (after the cold run) | met |")
-    lines = [head, "|" + "---|" * 7]
+    head = ("| model | edgetrain / ORT ms/step (<= 0.8; digits <= 0.6) | same round: median (range) "
+            "| edgetrain / ORT peak RSS (<= 1.2) | edgetrain / ORT start (<= 1) | cold start s (<= 5) "
+            "| automatic warm set (after the cold run) | met |")
+    lines = [head, "|" + "---|" * 8]
     for model, rows in table.items():
         for name in [n for n in rows if n.partition(" ")[0] == "edgetrain"]:
             et, base = rows[name], rows.get(baseline_of(name), {})
             label = model + name[len("edgetrain"):]
             if "ms" not in et or "ms" not in base:
                 why = et.get("error") or base.get("error") or "no baseline or no edgetrain run"
-                lines.append(f"| {label} | - | - | - | - | - | {why.replace('|', '/')[:240]} |")
+                lines.append(f"| {label} | - | - | - | - | - | - | {why.replace('|', '/')[:240]} |")
                 continue
             ms, rss, start = et["ms"] / base["ms"], et["rss"] / base["rss"], et["start"] / base["start"]
             cold = et.get("cold")
@@ -400,7 +409,10 @@ def targets_table(table: dict) -> list[str]:
                                    ("start", start <= 1), ("cold", cold is not None and cold <= 5)) if ok]
             cold_s = f"{cold:.2f}" if cold is not None else "-"
             auto = autowarm_text(et.get("autowarm") or rows.get(name.partition(" ")[0], {}).get("autowarm"))
-            lines.append(f"| {label} | {ms:.2f} | {rss:.2f} | {start:.2f} | {cold_s} | {auto.replace('|', '/')} | "
+            paired = paired_ratios(et, base)
+            same_round = (f"{statistics.median(paired):.2f} ({paired[0]:.2f}-{paired[-1]:.2f})" if paired else "-")
+            lines.append(f"| {label} | {ms:.2f} | {same_round} | {rss:.2f} | {start:.2f} | {cold_s} | "
+                         f"{auto.replace('|', '/')} | "
                          f"{', '.join(met) or 'none'} |")
     return lines
 
@@ -556,7 +568,9 @@ NOTES = """\
   The Modules are made without an eval model: only training is measured.
 - ms/step: median over processes of each process's median step; p10-p90: the same for the in-process
   percentiles; process range: lowest and highest per-process median. Each process is fresh; systems run in a
-  rotating order each round, so drifts in machine load spread over all of them.
+  rotating order each round, so drifts in machine load spread over all of them. Targets' "same round": the
+  ratio of edgetrain's and ORT's processes in each round, median and range over rounds (its spread is how far
+  one pair of processes can be trusted on this machine).
 - peak RSS: VmHWM of the worker (its own address space's peak resident set, read at the end); RSS import, built:
   VmRSS right after importing the system's packages (edgetrain.api / onnxruntime.training.api / torch), and
   with the model and optimizer built, before the first step (edgetrain imports Numba while building).
