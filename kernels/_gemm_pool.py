@@ -1,4 +1,4 @@
-"""Single-precision GEMMs split over intra-op threads that never take the GIL between blocks.
+"""Single-precision GEMMs (and AdamW updates) split over intra-op threads that never take the GIL between blocks.
 
 ``edgetrain.parallel``'s pool hands Python callables to its helpers, so every hand-off passes the GIL: a helper
 that sees a job must take the GIL the caller holds, sleeps on it, and is woken by the OS (on these VMs a woken
@@ -17,6 +17,11 @@ A helper spins ``config.spin_us()`` after its last job, then sleeps on a conditi
 before it publishes (a sleeper woken late finds the job's blocks taken, and joins the next). One caller at a
 time: a second thread calling in meanwhile runs its GEMM as one numpy call.
 
+An AdamW update (``adamw_job``) runs the same way: blocks of the flat state, each ``kernels/training.py``'s
+``_adamw`` on its slice (element-wise: the bits of one call). Numba caches the compiled ``run`` with that kernel
+inside it, keyed by this file alone: after editing ``_adamw``, clear the cache (``edgetrain cache clear``) or
+touch this file (an installed package's files are all new, so its cache is).
+
 Row blocks round differently from the whole GEMM in OpenBLAS (its kernel choice depends on the block's rows),
 as the Python pool's blocks did: 2 threads agree with 1 to float32 rounding, not bit for bit.
 """
@@ -31,14 +36,21 @@ import numpy as np
 from edgetrain import blas, config
 
 from . import _spin, direct
+from . import training as _training
 from ._jit import jit
 
 # descriptor fields (int64): the sgemm's address, integer width, transposes, sizes, leading dims, operand
 # addresses, the stack of matrices (STACK of them, as INNER x STACK // INNER; element strides of A, B, C along
 # the outer and the inner axis, 0 for an operand that is one matrix for all), how it is cut
 (D_FN, D_ILP64, D_TA, D_TB, D_M, D_N, D_K, D_LDA, D_LDB, D_LDC, D_A, D_B, D_C, D_STACK, D_INNER,
- D_SA, D_SB, D_SC, D_IA, D_IB, D_IC, D_CUT, D_BLOCKS) = range(23)
-DESC = 23
+ D_SA, D_SB, D_SC, D_IA, D_IB, D_IC, D_CUT, D_BLOCKS, D_KIND) = range(24)
+DESC = 24
+KIND_GEMM, KIND_ADAMW = 0, 1
+# an AdamW job's fields (the first words, which a GEMM's use for its own): addresses of the flat parameters,
+# gradients and moments, of the learning rate, step and constants, of one scratch row per block; the size, the
+# adam mode and bias correction (kernels/training.py's _adamw arguments)
+(U_P, U_G, U_M, U_V, U_LR, U_STEP, U_CONSTS, U_SCRATCH, U_SIZE, U_MODE, U_CORRECT) = range(11)
+SCRATCH = 6                # a scratch row's elements (_adamw's step-dependent scalars)
 CUT_ROWS, CUT_COLS, CUT_STACK = 0, 1, 2
 NO_TRANS, TRANS = 111, 112             # CBLAS's enum values
 # control words, each on its own cache line: the job word (serial << 40 | blocks << 20 | next block to claim),
@@ -55,8 +67,25 @@ _NO_JIT = os.environ.get("NUMBA_DISABLE_JIT", "0").strip() not in ("", "0")
 
 
 @jit
+def _adamw_block(d, blk):
+    """Block ``blk`` of an AdamW job: _adamw on its slice of the flat state (element-wise, so every element gets
+    the bits one call gives it), its step scalars into its own scratch row."""
+    n, blocks = d[U_SIZE], d[D_BLOCKS]
+    lo, hi = n * blk // blocks, n * (blk + 1) // blocks
+    state = [_spin.carray(_spin.float32_at(d[u] + 4 * lo), hi - lo) for u in (U_P, U_G, U_M, U_V)]
+    _training._adamw(state[0], state[1], state[2], state[3], _spin.carray(_spin.float32_at(d[U_LR]), 1),
+                     _spin.carray(_spin.int64_at(d[U_STEP]), 1), _spin.carray(_spin.float32_at(d[U_CONSTS]), SCRATCH),
+                     _spin.carray(_spin.float32_at(d[U_SCRATCH] + 4 * SCRATCH * blk), SCRATCH), d[U_MODE],
+                     d[U_CORRECT] != 0)
+
+
+@jit
 def _block(d, alpha, blk):
-    """Block ``blk`` of the job ``d`` describes: its rows, columns or stacked matrices, one sgemm each."""
+    """Block ``blk`` of the job ``d`` describes: its rows, columns or stacked matrices, one sgemm each (or its
+    slice of an AdamW update)."""
+    if d[D_KIND] == KIND_ADAMW:
+        _adamw_block(d, blk)
+        return
     cut, blocks = d[D_CUT], d[D_BLOCKS]
     length = d[D_M] if cut == CUT_ROWS else d[D_N] if cut == CUT_COLS else d[D_STACK]
     lo, hi = length * blk // blocks, length * (blk + 1) // blocks
@@ -286,4 +315,43 @@ def job(a: np.ndarray, b: np.ndarray, y: np.ndarray, alpha: float = 1.0):
     launch.kernel_calls = ((run, (pool.ctl, pool.desc, pool.alpha, d, scale)),
                            (serve, (pool.ctl, pool.desc, pool.alpha, 0, 1)))
     launch.operands = keep
+    return launch, ()
+
+
+UPDATE_MIN = 1 << 15       # elements of an AdamW update from which it splits (~12 us of work): the hand-off to a
+                           # spinning helper is a few us, and a helper not running takes no block
+
+
+def adamw_job(call: tuple):
+    """``(fn, args)`` running ``kernels.training._adamw(*call)`` (flat float32 state) in blocks on the native
+    pool, or None when it does not apply (one thread, other types, too small to gain)."""
+    p, g, m, v, lr, step, consts, scratch, mode, correct_bias = call
+    threads = config.num_threads()
+    if threads < 2 or _NO_JIT or p.shape[0] < UPDATE_MIN:
+        return None
+    flat = (p, g, m, v, lr, consts)
+    if any(a.dtype != np.float32 or a.ndim != 1 or not a.flags.c_contiguous for a in flat) or \
+            step.dtype != np.int64 or step.ndim != 1 or consts.shape[0] != SCRATCH or \
+            any(a.shape != p.shape for a in (g, m, v)):
+        return None
+    blocks = min(threads * BLOCKS_PER_THREAD, p.shape[0])
+    rows = np.zeros((blocks, SCRATCH), np.float32)
+    d = np.zeros(DESC, np.int64)
+    fields = {U_P: p.ctypes.data, U_G: g.ctypes.data, U_M: m.ctypes.data, U_V: v.ctypes.data,
+              U_LR: lr.ctypes.data, U_STEP: step.ctypes.data, U_CONSTS: consts.ctypes.data,
+              U_SCRATCH: rows.ctypes.data, U_SIZE: p.shape[0], U_MODE: int(mode), U_CORRECT: int(bool(correct_bias)),
+              D_CUT: CUT_ROWS, D_BLOCKS: blocks, D_KIND: KIND_ADAMW}
+    for i, value in fields.items():
+        d[i] = value
+    one = np.ones(1, np.float32)
+    pool = _pool(threads)
+
+    def whole():
+        _training._adamw(*call)
+
+    def launch():
+        pool.call(d, one, whole)
+    launch.kernel_calls = ((run, (pool.ctl, pool.desc, pool.alpha, d, one)),
+                           (serve, (pool.ctl, pool.desc, pool.alpha, 0, 1)))
+    launch.operands = (call, rows)      # the descriptor holds raw addresses: the arrays must outlive it
     return launch, ()

@@ -13,7 +13,7 @@ Registered with ``edgetrain.parallel`` when ``_jit`` loads Numba (the trimmed bu
 process that never loads Numba keeps the sleeping hand-off (``parallel.spin_loop()`` is None there).
 
 The intrinsics here (atomic load, store and add on an int64 array element, the spin-loop hint, sched_yield,
-cblas_sgemm by address) are also the native GEMM pool's (``_gemm_pool.py``). Numba's cache keys a function by
+cblas_sgemm by address, typed pointers to an address) are also the native GEMM pool's (``_gemm_pool.py``). Numba's cache keys a function by
 its own file: after editing an intrinsic, clear the cache (``edgetrain cache clear``) or touch ``_gemm_pool.py``.
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ YIELD_EVERY = 16           # rounds between sched_yield calls: a spinning thread
                            # for it (on shared or oversubscribed cores: the caller, or the helper it waits for)
 
 load_acquire = store_release = fetch_add = pause = sched_yield = sgemm = None     # Numba intrinsics (register)
+float32_at = int64_at = carray = None
 ROW_MAJOR = 101            # CBLAS's order enum: edgetrain's GEMMs are row-major
 
 
@@ -54,7 +55,7 @@ def register(numba):
     """Make the intrinsics and hand the loop (compiled at its first call) to ``edgetrain.parallel``; ``_jit``
     calls this when it loads Numba. With ``NUMBA_DISABLE_JIT`` the intrinsics cannot run: the threads keep
     sleeping between jobs. The intrinsics stay in this file so that editing them invalidates Numba's cache."""
-    global load_acquire, store_release, fetch_add, pause, sched_yield, sgemm
+    global load_acquire, store_release, fetch_add, pause, sched_yield, sgemm, float32_at, int64_at, carray
     if numba.config.DISABLE_JIT:
         return
     from llvmlite import ir
@@ -148,4 +149,18 @@ def register(numba):
             return context.get_dummy_value()
         return sig, codegen
 
+    def pointer_at(dtype):
+        @numba.extending.intrinsic
+        def at(typingctx, address):
+            """A typed pointer to the memory at integer ``address`` (for ``numba.carray``)."""
+            if not isinstance(address, types.Integer):
+                return None
+
+            def codegen(context, builder, sig, args):
+                return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+            return types.CPointer(dtype)(address), codegen
+        return at
+
+    float32_at, int64_at = pointer_at(types.float32), pointer_at(types.int64)
+    carray = numba.carray       # an array over a typed pointer, in jitted code (this module imports no Numba)
     parallel.use_spin(numba.njit(nogil=True, cache=True)(_spin))

@@ -86,7 +86,11 @@ def adamw(ctx):
         copies = _output_copies(args, n_in, (2, 4, 5))
         update = [_adamw]       # direct once compiled: the first update compiles or loads it
         size, threads = args[2].shape[0], parallel.slots()
-        if threads >= 2 and size >= 2 * UPDATE_BLOCK:
+        native = _native_update(call)
+        if native is not None:
+            def apply(*_call):
+                native()
+        elif threads >= 2 and size >= 2 * UPDATE_BLOCK:
             # element-wise, so blocks of the flat state give every element the one thread's bits; each thread
             # stores the step's scalars into its own scratch row
             rows = np.zeros((threads, scratch.shape[0]), scratch.dtype)
@@ -117,9 +121,20 @@ def adamw(ctx):
                 updated[0] = True
             for out, src in copies:
                 np.copyto(out, src)
-        run.kernel_calls = ((_adamw, call),)
+        run.kernel_calls = ((_adamw, call),) + (native.kernel_calls if native is not None else ())
         return run, ()
     return bind
+
+
+def _native_update(call):
+    """The update on the native threads of ``_gemm_pool`` (no GIL between blocks), or None (one thread, too
+    small, other types, or the trimmed runtime, which has no ``_gemm_pool``)."""
+    try:
+        from . import _gemm_pool
+    except ImportError:
+        return None
+    found = _gemm_pool.adamw_job(call)
+    return found[0] if found is not None else None
 
 
 @jit

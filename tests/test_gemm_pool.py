@@ -173,3 +173,92 @@ def test_matmul_ops_run_on_the_native_pool_against_onnxruntime(threads, node, sh
     want = run_onnxruntime(m, feeds)[0]
     for _ in range(3):
         np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-5, atol=1e-5)
+
+
+def _adamw_state(n):
+    return [_f32(n) for _ in range(3)] + [np.abs(_f32(n))]
+
+
+@pytest.mark.parametrize("threads", [2, 3], indirect=True)
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("n", [5, 1001])
+def test_adamw_in_blocks_gives_one_calls_bits(threads, monkeypatch, mode, n):
+    """An AdamW update cut into blocks of the flat state (uneven: the last block is short) gives every element
+    the bits one call of the kernel gives it, in both of onnxruntime's modes; the caller's scratch is not shared
+    with the blocks'."""
+    from edgetrain.kernels import training
+    monkeypatch.setattr(_gemm_pool, "UPDATE_MIN", 0)
+    start = _adamw_state(n)
+    lr, step = np.array([1e-2], np.float32), np.array([3], np.int64)
+    consts = np.array([0.9, 0.999, 0.1, 0.001, 1e-6, 0.01], np.float32)
+    one, blocks = [x.copy() for x in start], [x.copy() for x in start]
+    training._adamw(*one, lr, step, consts, np.zeros(6, np.float32), mode, True)
+    fn, args = _gemm_pool.adamw_job((*blocks, lr, step, consts, np.zeros(6, np.float32), mode, True))
+    for _ in range(2):      # compiled on the first call, direct on the second
+        fn(*args)
+        for got, want in zip(blocks, one):
+            np.testing.assert_array_equal(got, want)
+        training._adamw(*one, lr, step, consts, np.zeros(6, np.float32), mode, True)
+    assert all(not np.array_equal(a, b) for a, b in zip(blocks[:1] + blocks[2:], start[:1] + start[2:]))
+
+
+def test_adamw_stays_one_call_where_blocks_do_not_apply(monkeypatch):
+    """One thread, a float64 state, or fewer elements than ``UPDATE_MIN``: no job (the caller's loop runs)."""
+    lr, step = np.array([1e-2], np.float32), np.array([1], np.int64)
+    consts = np.ones(6, np.float32)
+    job = lambda state: _gemm_pool.adamw_job((*state, lr, step, consts.astype(state[0].dtype),
+                                              np.zeros(6, state[0].dtype), 1, True))
+    n = _gemm_pool.UPDATE_MIN
+    monkeypatch.setattr(config, "num_threads", lambda: 1)
+    assert job(_adamw_state(n)) is None
+    monkeypatch.setattr(config, "num_threads", lambda: 2)
+    if _gemm_pool._NO_JIT:
+        assert job(_adamw_state(n)) is None
+        return
+    assert job(_adamw_state(n)) is not None
+    assert job(_adamw_state(n - 1)) is None
+    assert job([x.astype(np.float64) for x in _adamw_state(n)]) is None
+
+
+def test_training_at_two_threads_updates_on_the_native_pool_with_one_threads_bits(monkeypatch, tmp_path):
+    """edgetrain's AdamW artifacts at 2 threads (GEMMs kept whole, so only the update is split): the optimizer
+    program binds the native update, and three steps leave every parameter and moment as 1 thread does."""
+    from onnx import TensorProto, numpy_helper
+
+    from edgetrain import artifacts
+    from edgetrain.api import CheckpointState, Module, Optimizer
+    from edgetrain.kernels import _gemm_threads
+    if _gemm_pool._NO_JIT:
+        pytest.skip("the native pool's intrinsics need Numba's JIT")
+    monkeypatch.setattr(_gemm_pool, "UPDATE_MIN", 64)
+    monkeypatch.setattr(_gemm_pool, "MIN_FLOPS", 1 << 60)
+    monkeypatch.setattr(_gemm_threads, "MIN_FLOPS", 1 << 60)
+    w = rng.standard_normal((24, 40)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)], "linear",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 40])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 24])],
+                          [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    artifacts.generate_artifacts(model, requires_grad=["w"], loss=artifacts.LossType.MSELoss,
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path)
+    x, target = _f32(8, 40), _f32(8, 24)
+    jobs = []
+    real = _gemm_pool.adamw_job
+    monkeypatch.setattr(_gemm_pool, "adamw_job", lambda call: jobs.append(real(call)) or jobs[-1])
+    got = {}
+    for threads in (1, 2):
+        monkeypatch.setattr(config, "num_threads", lambda threads=threads: threads)
+        jobs.clear()
+        state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+        module = Module(tmp_path / "training_model.onnx", state)
+        optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+        module.train()
+        for _ in range(3):
+            module(x, target)
+            optimizer.step()
+            module.lazy_reset_grad()
+        assert jobs and all((j is not None) == (threads == 2) for j in jobs)    # one per gradient slot bound
+        path = tmp_path / f"after{threads}"
+        CheckpointState.save_checkpoint(state, path)
+        got[threads] = path.read_bytes()
+    assert got[1] == got[2]
