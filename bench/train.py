@@ -410,7 +410,8 @@ def targets_table(table: dict) -> list[str]:
             cold_s = f"{cold:.2f}" if cold is not None else "-"
             auto = autowarm_text(et.get("autowarm") or rows.get(name.partition(" ")[0], {}).get("autowarm"))
             paired = paired_ratios(et, base)
-            same_round = (f"{statistics.median(paired):.2f} ({paired[0]:.2f}-{paired[-1]:.2f})" if paired else "-")
+            same_round = "-" if not paired else \
+                f"{statistics.median(paired):.2f} ({paired[0]:.2f}-{paired[-1]:.2f})"
             lines.append(f"| {label} | {ms:.2f} | {same_round} | {rss:.2f} | {start:.2f} | {cold_s} | "
                          f"{auto.replace('|', '/')} | "
                          f"{', '.join(met) or 'none'} |")

@@ -1,4 +1,5 @@
-"""Single-precision GEMMs (and AdamW updates) split over intra-op threads that never take the GIL between blocks.
+"""Single-precision GEMMs (and AdamW updates) split over intra-op threads that never take the GIL between
+blocks.
 
 ``edgetrain.parallel``'s pool hands Python callables to its helpers, so every hand-off passes the GIL: a helper
 that sees a job must take the GIL the caller holds, sleeps on it, and is woken by the OS (on these VMs a woken
@@ -73,9 +74,11 @@ def _adamw_block(d, blk):
     n, blocks = d[U_SIZE], d[D_BLOCKS]
     lo, hi = n * blk // blocks, n * (blk + 1) // blocks
     state = [_spin.carray(_spin.float32_at(d[u] + 4 * lo), hi - lo) for u in (U_P, U_G, U_M, U_V)]
-    _training._adamw(state[0], state[1], state[2], state[3], _spin.carray(_spin.float32_at(d[U_LR]), 1),
-                     _spin.carray(_spin.int64_at(d[U_STEP]), 1), _spin.carray(_spin.float32_at(d[U_CONSTS]), SCRATCH),
-                     _spin.carray(_spin.float32_at(d[U_SCRATCH] + 4 * SCRATCH * blk), SCRATCH), d[U_MODE],
+    lr = _spin.carray(_spin.float32_at(d[U_LR]), 1)
+    step = _spin.carray(_spin.int64_at(d[U_STEP]), 1)
+    consts = _spin.carray(_spin.float32_at(d[U_CONSTS]), SCRATCH)
+    scratch = _spin.carray(_spin.float32_at(d[U_SCRATCH] + 4 * SCRATCH * blk), SCRATCH)
+    _training._adamw(state[0], state[1], state[2], state[3], lr, step, consts, scratch, d[U_MODE],
                      d[U_CORRECT] != 0)
 
 
@@ -339,8 +342,8 @@ def adamw_job(call: tuple):
     d = np.zeros(DESC, np.int64)
     fields = {U_P: p.ctypes.data, U_G: g.ctypes.data, U_M: m.ctypes.data, U_V: v.ctypes.data,
               U_LR: lr.ctypes.data, U_STEP: step.ctypes.data, U_CONSTS: consts.ctypes.data,
-              U_SCRATCH: rows.ctypes.data, U_SIZE: p.shape[0], U_MODE: int(mode), U_CORRECT: int(bool(correct_bias)),
-              D_CUT: CUT_ROWS, D_BLOCKS: blocks, D_KIND: KIND_ADAMW}
+              U_SCRATCH: rows.ctypes.data, U_SIZE: p.shape[0], U_MODE: int(mode),
+              U_CORRECT: int(bool(correct_bias)), D_CUT: CUT_ROWS, D_BLOCKS: blocks, D_KIND: KIND_ADAMW}
     for i, value in fields.items():
         d[i] = value
     one = np.ones(1, np.float32)

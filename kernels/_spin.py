@@ -13,8 +13,9 @@ Registered with ``edgetrain.parallel`` when ``_jit`` loads Numba (the trimmed bu
 process that never loads Numba keeps the sleeping hand-off (``parallel.spin_loop()`` is None there).
 
 The intrinsics here (atomic load, store and add on an int64 array element, the spin-loop hint, sched_yield,
-cblas_sgemm by address, typed pointers to an address) are also the native GEMM pool's (``_gemm_pool.py``). Numba's cache keys a function by
-its own file: after editing an intrinsic, clear the cache (``edgetrain cache clear``) or touch ``_gemm_pool.py``.
+cblas_sgemm by address, typed pointers to an address) are also the native GEMM pool's (``_gemm_pool.py``).
+Numba's cache keys a function by its own file: after editing an intrinsic, clear the cache (``edgetrain cache
+clear``) or touch ``_gemm_pool.py``.
 """
 from __future__ import annotations
 

@@ -99,13 +99,18 @@ def test_workload_makes_artifacts_and_its_first_step_is_torchs(name, tmp_path):
     assert live and live | statistics <= moved <= set(trainable) | statistics
 
 
-def test_workloads_section_replaces_its_own_and_keeps_the_rest(tmp_path, monkeypatch):
-    """bench/RESULTS.md holds the bench models' report and the workloads' section: each run rewrites only its own."""
+def _bench_train(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH.parent))
     spec = importlib.util.spec_from_file_location("bench_train", BENCH)
     train = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, train)       # its dataclasses look their module up there
     spec.loader.exec_module(train)
+    return train
+
+
+def test_workloads_section_replaces_its_own_and_keeps_the_rest(tmp_path, monkeypatch):
+    """bench/RESULTS.md holds the bench models' report and the workloads' section: each run rewrites only its own."""
+    train = _bench_train(monkeypatch)
     path = tmp_path / "RESULTS.md"
     path.write_text("# Training benchmark\n| mlp | ort |\n")
     train.write_section(path, ["# Realistic workloads", "| gpt | old |"])
@@ -114,6 +119,20 @@ def test_workloads_section_replaces_its_own_and_keeps_the_rest(tmp_path, monkeyp
     assert text.startswith("# Training benchmark\n| mlp | ort |\n") and "| gpt | new |" in text
     assert "old" not in text and text.count(train.SECTION[0]) == 1
     assert train.kept_section(path).endswith(train.SECTION[1]) and "| gpt | new |" in train.kept_section(path)
+
+
+def test_targets_pair_edgetrain_and_ort_round_by_round(monkeypatch):
+    """The targets' "same round" column: edgetrain's ms over ORT's in each round both ran (a round one of them
+    failed or skipped is left out), median and range; the speed target itself stays the ratio of the medians."""
+    train = _bench_train(monkeypatch)
+    runs = lambda ms: [{"ms": v, "round": r, "p10": v, "p90": v, "peak_rss_mb": 40, "import_rss_mb": 30,
+                        "built_rss_mb": 35, "first_s": 0.3, "loss_first": 1.0, "loss_last": 0.5, "steps": 9}
+                       for r, v in ms.items()]
+    rows = train.summarize({"edgetrain": {"runs": runs({0: 1.0, 1: 3.0, 2: 1.2, 3: 9.0})},
+                            "ort": {"runs": runs({0: 2.0, 1: 3.0, 2: 1.0})}})
+    assert train.paired_ratios(rows["edgetrain"], rows["ort"]) == [0.5, 1.0, 1.2]
+    line = train.targets_table({"mlp": rows})[2]
+    assert line.startswith("| mlp | 1.05 | 1.00 (0.50-1.20) | ") and line.endswith("| memory, start |")
 
 
 @pytest.mark.native
