@@ -19,9 +19,9 @@ before it publishes (a sleeper woken late finds the job's blocks taken, and join
 time: a second thread calling in meanwhile runs its GEMM as one numpy call.
 
 An AdamW update (``adamw_job``) runs the same way: blocks of the flat state, each ``kernels/training.py``'s
-``_adamw`` on its slice (element-wise: the bits of one call). Numba caches the compiled ``run`` with that kernel
-inside it, keyed by this file alone: after editing ``_adamw``, clear the cache (``edgetrain cache clear``) or
-touch this file (an installed package's files are all new, so its cache is).
+``adamw_update`` on its slice (element-wise: the bits of one call). Numba caches the compiled ``run`` with that
+kernel inside it, keyed by this file alone: after editing ``adamw_update``, clear the cache (``edgetrain cache
+clear``) or touch this file (an installed package's files are all new, so its cache is).
 
 Row blocks round differently from the whole GEMM in OpenBLAS (its kernel choice depends on the block's rows),
 as the Python pool's blocks did: 2 threads agree with 1 to float32 rounding, not bit for bit.
@@ -49,9 +49,9 @@ DESC = 24
 KIND_GEMM, KIND_ADAMW = 0, 1
 # an AdamW job's fields (the first words, which a GEMM's use for its own): addresses of the flat parameters,
 # gradients and moments, of the learning rate, step and constants, of one scratch row per block; the size, the
-# adam mode and bias correction (kernels/training.py's _adamw arguments)
+# adam mode and bias correction (kernels/training.py's adamw_update arguments)
 (U_P, U_G, U_M, U_V, U_LR, U_STEP, U_CONSTS, U_SCRATCH, U_SIZE, U_MODE, U_CORRECT) = range(11)
-SCRATCH = 6                # a scratch row's elements (_adamw's step-dependent scalars)
+SCRATCH = 6                # a scratch row's elements (adamw_update's step-dependent scalars)
 CUT_ROWS, CUT_COLS, CUT_STACK = 0, 1, 2
 NO_TRANS, TRANS = 111, 112             # CBLAS's enum values
 # control words, each on its own cache line: the job word (serial << 40 | blocks << 20 | next block to claim),
@@ -69,8 +69,8 @@ _NO_JIT = os.environ.get("NUMBA_DISABLE_JIT", "0").strip() not in ("", "0")
 
 @jit
 def _adamw_block(d, blk):
-    """Block ``blk`` of an AdamW job: _adamw on its slice of the flat state (element-wise, so every element gets
-    the bits one call gives it), its step scalars into its own scratch row."""
+    """Block ``blk`` of an AdamW job: adamw_update on its slice of the flat state (element-wise, so every element
+    gets the bits one call gives it), its step scalars into its own scratch row."""
     n, blocks = d[U_SIZE], d[D_BLOCKS]
     lo, hi = n * blk // blocks, n * (blk + 1) // blocks
     state = [_spin.carray(_spin.float32_at(d[u] + 4 * lo), hi - lo) for u in (U_P, U_G, U_M, U_V)]
@@ -78,8 +78,8 @@ def _adamw_block(d, blk):
     step = _spin.carray(_spin.int64_at(d[U_STEP]), 1)
     consts = _spin.carray(_spin.float32_at(d[U_CONSTS]), SCRATCH)
     scratch = _spin.carray(_spin.float32_at(d[U_SCRATCH] + 4 * SCRATCH * blk), SCRATCH)
-    _training._adamw(state[0], state[1], state[2], state[3], lr, step, consts, scratch, d[U_MODE],
-                     d[U_CORRECT] != 0)
+    _training.adamw_update(state[0], state[1], state[2], state[3], lr, step, consts, scratch, d[U_MODE],
+                           d[U_CORRECT] != 0)
 
 
 @jit
@@ -326,8 +326,8 @@ UPDATE_MIN = 1 << 15       # elements of an AdamW update from which it splits (~
 
 
 def adamw_job(call: tuple):
-    """``(fn, args)`` running ``kernels.training._adamw(*call)`` (flat float32 state) in blocks on the native
-    pool, or None when it does not apply (one thread, other types, too small to gain)."""
+    """``(fn, args)`` running ``kernels.training.adamw_update(*call)`` (flat float32 state) in blocks on the
+    native pool, or None when it does not apply (one thread, other types, too small to gain)."""
     p, g, m, v, lr, step, consts, scratch, mode, correct_bias = call
     threads = config.num_threads()
     if threads < 2 or _NO_JIT or p.shape[0] < UPDATE_MIN:
@@ -350,7 +350,7 @@ def adamw_job(call: tuple):
     pool = _pool(threads)
 
     def whole():
-        _training._adamw(*call)
+        _training.adamw_update(*call)
 
     def launch():
         pool.call(d, one, whole)

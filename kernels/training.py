@@ -84,7 +84,7 @@ def adamw(ctx):
         updated, step = args[n_in], args[1]
         call = (args[2], args[3], args[4], args[5], args[0], step, consts, scratch, mode, correct_bias)
         copies = _output_copies(args, n_in, (2, 4, 5))
-        update = [_adamw]       # direct once compiled: the first update compiles or loads it
+        update = [adamw_update]     # direct once compiled: the first update compiles or loads it
         size, threads = args[2].shape[0], parallel.slots()
         native = _native_update(call)
         if native is not None:
@@ -100,8 +100,8 @@ def adamw(ctx):
                 update[0](*(a[lo:hi] for a in arrays), *call[4:7], rows[slot], *call[8:])
 
             def apply(*call):
-                if update[0] is _adamw:        # compiles (or loads) once, in the calling thread
-                    _adamw(*call)
+                if update[0] is adamw_update:      # compiles (or loads) once, in the calling thread
+                    adamw_update(*call)
                 else:
                     parallel.split(size, work, UPDATE_BLOCK)
         else:
@@ -116,12 +116,12 @@ def adamw(ctx):
                                      "update (steps taken + 1, as onnxruntime feeds it): bias correction divides "
                                      "by 1 - beta1^step")
                 (apply or update[0])(*call)
-                if update[0] is _adamw:
-                    update[0] = direct(_adamw, call)
+                if update[0] is adamw_update:
+                    update[0] = direct(adamw_update, call)
                 updated[0] = True
             for out, src in copies:
                 np.copyto(out, src)
-        run.kernel_calls = ((_adamw, call),) + (native.kernel_calls if native is not None else ())
+        run.kernel_calls = ((adamw_update, call),) + (native.kernel_calls if native is not None else ())
         return run, ()
     return bind
 
@@ -138,7 +138,7 @@ def _native_update(call):
 
 
 @jit
-def _adamw(p, g, m, v, lr_in, step_in, c, s, mode, correct_bias):
+def adamw_update(p, g, m, v, lr_in, step_in, c, s, mode, correct_bias):
     """In place over flat p, g, m, v. ``c``: alpha, beta, 1-alpha, 1-beta, eps, wd. ``s`` holds the scalars,
     each stored (so rounded to p's type) right after it is computed, in onnxruntime's order:
     lr, 1 - alpha^t, 1 - beta^t, lr * sqrt(1 - beta^t) / (1 - alpha^t), lr * wd."""

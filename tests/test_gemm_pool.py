@@ -192,13 +192,13 @@ def test_adamw_in_blocks_gives_one_calls_bits(threads, monkeypatch, mode, n):
     lr, step = np.array([1e-2], np.float32), np.array([3], np.int64)
     consts = np.array([0.9, 0.999, 0.1, 0.001, 1e-6, 0.01], np.float32)
     one, blocks = [x.copy() for x in start], [x.copy() for x in start]
-    training._adamw(*one, lr, step, consts, np.zeros(6, np.float32), mode, True)
+    training.adamw_update(*one, lr, step, consts, np.zeros(6, np.float32), mode, True)
     fn, args = _gemm_pool.adamw_job((*blocks, lr, step, consts, np.zeros(6, np.float32), mode, True))
     for _ in range(2):      # compiled on the first call, direct on the second
         fn(*args)
         for got, want in zip(blocks, one):
             np.testing.assert_array_equal(got, want)
-        training._adamw(*one, lr, step, consts, np.zeros(6, np.float32), mode, True)
+        training.adamw_update(*one, lr, step, consts, np.zeros(6, np.float32), mode, True)
     assert all(not np.array_equal(a, b) for a, b in zip(blocks[:1] + blocks[2:], start[:1] + start[2:]))
 
 

@@ -133,7 +133,7 @@ from edgetrain.kernels import _jit, training
 from edgetrain.trimmed import NotInBuildError
 a = np.zeros(4)                                      # float64: the build has float32 only
 try:
-    training._adamw(a, a, a, a, a, np.zeros(1, np.int64), a, a, 1, True)
+    training.adamw_update(a, a, a, a, a, np.zeros(1, np.int64), a, a, 1, True)
 except NotInBuildError as e:
     print("SIG", e)
 try:
@@ -144,7 +144,7 @@ except NotInBuildError as e:
     out = blocked_python([site], code)
     assert out.returncode == 0, out.stderr
     sig = next(line for line in out.stdout.splitlines() if line.startswith("SIG"))
-    assert "edgetrain.kernels.training._adamw" in sig and "float64[1C]" in sig and "float32[1C]" in sig
+    assert "edgetrain.kernels.training.adamw_update" in sig and "float64[1C]" in sig and "float32[1C]" in sig
     assert "edgetrain reduce" in sig
     assert "fused element-wise loop" in out.stdout and "o0[0] = a0[0] * 3" in out.stdout
 

@@ -125,7 +125,7 @@ from edgetrain.kernels import _jit, training
 assert _jit.warm_set() is not None and "numba" not in sys.modules
 a = np.zeros(4)                                   # float64: the set has float32 only
 w = np.ones(4)
-training._adamw(w, a, a, a, np.ones(4), np.zeros(1, np.int64), a, a, 1, True)
+training.adamw_update(w, a, a, a, np.ones(4), np.zeros(1, np.int64), a, a, 1, True)
 print("numba" in sys.modules, w.tolist())
 """
     env = _env(cache)
