@@ -116,7 +116,7 @@ def adamw(ctx):
                                      "update (steps taken + 1, as onnxruntime feeds it): bias correction divides "
                                      "by 1 - beta1^step")
                 (apply or update[0])(*call)
-                if update[0] is adamw_update:
+                if update[0] is adamw_update and native is None:     # the native pool never calls it alone
                     update[0] = direct(adamw_update, call)
                 updated[0] = True
             for out, src in copies:
